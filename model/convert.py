@@ -34,8 +34,10 @@ PARAMS_DIR = "params"
 
 
 def save_orbax(folder: str | Path, config: ModelConfig, params: Any, *,
-               tokenizer_dir: str | Path | None = None) -> Path:
-    """Write config.json + params/ (Orbax) (+ tokenizer files) into a new `folder`."""
+               tokenizer_dir: str | Path | None = None,
+               hf_extra: dict[str, Any] | None = None) -> Path:
+    """Write config.json (+ `hf_extra` keys) + params/ (Orbax) (+ tokenizer files) into
+    `folder`, which must not hold params/ yet."""
     import orbax.checkpoint as ocp
 
     folder = Path(folder).absolute()
@@ -47,8 +49,8 @@ def save_orbax(folder: str | Path, config: ModelConfig, params: Any, *,
     checkpointer.save(folder / PARAMS_DIR, host)
     checkpointer.wait_until_finished()
     checkpointer.close()
-    (folder / "config.json").write_text(json.dumps(config.to_hf(), indent=2, sort_keys=True)
-                                        + "\n")
+    hf = {**config.to_hf(), **(hf_extra or {})}
+    (folder / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
     if tokenizer_dir is not None:
         for name in TOKENIZER_FILES:
             if (Path(tokenizer_dir) / name).is_file():
@@ -69,14 +71,24 @@ def load_orbax(folder: str | Path, *, dtype: str = "float32") -> tuple[ModelConf
     return config, params
 
 
+_TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def _token_ids(folder: str | Path) -> dict[str, Any]:
+    """The special-token ids of a config.json, carried across a conversion unchanged."""
+    hf = json.loads((Path(folder) / "config.json").read_text())
+    return {k: hf[k] for k in _TOKEN_ID_KEYS if hf.get(k) is not None}
+
+
 def hf_to_orbax(src: str | Path, dst: str | Path) -> Path:
     config, params = load_hf(src)
-    return save_orbax(dst, config, params, tokenizer_dir=src)
+    return save_orbax(dst, config, params, tokenizer_dir=src, hf_extra=_token_ids(src))
 
 
 def orbax_to_hf(src: str | Path, dst: str | Path, dtype: str = "float32") -> Path:
     config, params = load_orbax(src)
-    return save_hf(dst, config, params, tokenizer_dir=src, dtype=dtype)
+    return save_hf(dst, config, params, tokenizer_dir=src, dtype=dtype,
+                   hf_extra=_token_ids(src))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -50,6 +50,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -278,10 +279,16 @@ def _dummy_inputs(config: ModelConfig):
     return tokens, jnp.zeros((1, 1), jnp.int32), None
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _init(config: ModelConfig, rng: jax.Array) -> Params:
+    return nn.unbox(Decoder(config).init(rng, *_dummy_inputs(config))["params"])
+
+
 def init_params(config: ModelConfig, rng: jax.Array) -> Params:
-    """Fresh float32 parameters (plain nested dict, no partitioning boxes). Deterministic in rng."""
-    variables = jax.jit(Decoder(config).init)(rng, *_dummy_inputs(config))
-    return nn.unbox(variables["params"])
+    """Fresh float32 parameters (plain nested dict, no partitioning boxes). Deterministic in rng.
+
+    `jax.eval_shape(lambda: init_params(config, rng))` gives the shapes without compiling."""
+    return _init(config, rng)
 
 
 def param_logical_axes(config: ModelConfig) -> Any:
