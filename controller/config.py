@@ -1,0 +1,243 @@
+"""The run's configuration: one frozen dataclass per concern, composed into `RunConfig`.
+
+Sources, later wins: the defaults below (the embedded CPU demo), a YAML file (`--config`),
+dotted overrides (`learner.learning_rate=1e-4`), then the explicit command-line flags.
+Each package owns its own config (`learner.config.LearnerConfig`, `rollout.config.*`,
+`sandbox.config.SandboxConfig`); this module only composes them and adds the loop's own knobs.
+Fields that change compiled shapes (and so force recompiles) say so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import types
+import typing
+from typing import Any, Mapping
+
+import yaml
+
+from learner.config import LearnerConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSetup:
+    """Which policy to train. Empty `path` makes (once, cached in the run dir) a tiny model."""
+
+    path: str = ""
+    """An HF folder (config.json, safetensors, tokenizer.json); empty = the built-in tiny model."""
+    hidden_size: int = 128
+    """Tiny model only: width."""
+    num_layers: int = 4
+    """Tiny model only: decoder layers."""
+    num_heads: int = 4
+    """Tiny model only: query heads."""
+    num_kv_heads: int = 2
+    """Tiny model only: key/value heads (grouped-query attention)."""
+    vocab_size: int = 384
+    """Tiny model only: BPE vocabulary target, trained on the built-in envs' text."""
+    seed: int = 0
+    """Tiny model only: initialisation seed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FleetConfig:
+    """The rollout workers the controller drives."""
+
+    workers: int = 2
+    """Local rollout worker processes to spawn (ignored when `addresses` is given)."""
+    addresses: tuple[str, ...] = ()
+    """host:port of running rollout workers; when set, nothing is spawned."""
+    engine: str = "jax"
+    """Engine of spawned workers: 'jax' (embedded, default) or 'sglang'."""
+    slots: int = 32
+    """Decode slots per spawned JAX worker (recompiles the worker's engine)."""
+    rollout_deadline_s: float = 300.0
+    """Longest one group may take before it is abandoned as an infra error and retried."""
+    call_deadline_s: float = 120.0
+    """Deadline of UpdateWeights and GetInfo calls."""
+    start_timeout_s: float = 180.0
+    """Longest a spawned worker may take to report its port."""
+    max_group_retries: int = 2
+    """Times a group lost to an infra error is retried on another worker before it is dropped."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """What each step rolls out."""
+
+    groups_per_step: int = 16
+    """GRPO groups (prompts) per learner step."""
+    group_size: int = 8
+    """Samples per prompt."""
+    temperature: float = 1.0
+    """Sampling temperature of training rollouts; the learner's importance ratios use the same."""
+    top_p: float = 1.0
+    """Nucleus sampling of training rollouts."""
+    skip_zero_advantage: bool = True
+    """Drop groups whose samples all scored the same: they carry no GRPO signal."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmStartConfig:
+    """A short supervised phase on env demonstrations before RL (0 steps disables it)."""
+
+    steps: int = 150
+    """Supervised steps."""
+    batch_size: int = 32
+    """Demonstrations per supervised step."""
+    learning_rate: float = 1e-3
+    """Supervised learning rate (constant)."""
+    target_success: float = 0.2
+    """Stop early once greedy eval success reaches this (checked every `check_every` steps)."""
+    check_every: int = 50
+    """Supervised steps between early-stop checks."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    every: int = 5
+    """Learner steps between evaluations on each env's eval split (greedy)."""
+    num_tasks: int = 64
+    """Eval tasks per env (the first N of its eval split)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    every: int = 10
+    """Learner steps between pipeline checkpoints (0 disables)."""
+    keep: int = 3
+    """Checkpoints kept on disk."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvConfig:
+    """The env the run starts with; clients may submit more over gRPC while it runs."""
+
+    kind: str = "calc"
+    """Built-in env kind."""
+    level: int = 1
+    """Difficulty level of the built-in env."""
+    num_tasks: int = 4000
+    """Generated tasks (train and eval together)."""
+    eval_fraction: float = 0.05
+    """Share of tasks held out as the eval split."""
+    max_turns: int = 3
+    """Policy turns per episode."""
+    max_new_tokens_per_turn: int = 40
+    """Tokens the policy may sample in one turn."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    run_dir: str = "runs/default"
+    """Where the model, checkpoints, weight snapshots, metrics and report go."""
+    steps: int = 60
+    """Learner steps of RL."""
+    mode: str = "sync"
+    """'sync': roll out, then train, then publish. 'async': rollouts continue while the learner trains."""
+    max_staleness: int = 1
+    """Async mode: a sample is admitted only if every token's weight version is within this many versions of the learner's."""
+    mesh: str = ""
+    """Learner mesh, e.g. 'data=1,fsdp=-1'; empty uses all local devices on fsdp."""
+    listen: str = "127.0.0.1:0"
+    """Address of ControllerService (loopback by default; port 0 picks a free one)."""
+    seed: int = 0
+    """Seed of task sampling, the learner and the workers."""
+    resume: bool = False
+    """Continue from the latest checkpoint in run_dir."""
+    model: ModelSetup = ModelSetup()
+    fleet: FleetConfig = FleetConfig()
+    data: DataConfig = DataConfig()
+    warm_start: WarmStartConfig = WarmStartConfig()
+    eval: EvalConfig = EvalConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    env: EnvConfig = EnvConfig()
+    learner: LearnerConfig = LearnerConfig()
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("sync", "async"):
+            raise ValueError(f"RunConfig.mode must be one of ['sync', 'async'], got {self.mode!r}")
+        if self.max_staleness < 0:
+            raise ValueError(f"RunConfig.max_staleness must be >= 0, got {self.max_staleness}")
+        if self.steps < 0:
+            raise ValueError(f"RunConfig.steps must be >= 0, got {self.steps}")
+        if self.fleet.engine not in ("jax", "sglang"):
+            raise ValueError(f"FleetConfig.engine must be one of ['jax', 'sglang'], got {self.fleet.engine!r}")
+        if not self.fleet.addresses and self.fleet.workers < 1:
+            raise ValueError(f"FleetConfig.workers must be >= 1 when no addresses are given, got {self.fleet.workers}")
+
+    @property
+    def run_path(self) -> pathlib.Path:
+        return pathlib.Path(self.run_dir)
+
+
+def load(path: str | None = None, overrides: tuple[str, ...] = (), **flags: Any) -> RunConfig:
+    """Build a RunConfig from defaults, an optional YAML file, dotted overrides and flags."""
+    tree: dict[str, Any] = {}
+    if path:
+        loaded = yaml.safe_load(pathlib.Path(path).read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"--config {path}: the top level must be a mapping, got {type(loaded).__name__}")
+        tree = loaded
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"override {item!r}: must be dotted.key=value")
+        node = tree
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"override {item!r}: {part!r} is not a section")
+        node[leaf] = yaml.safe_load(value)
+    for key, value in flags.items():
+        if value is None:
+            continue
+        node = tree
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return build(RunConfig, tree, "config")
+
+
+def build(cls: type, tree: Mapping[str, Any], where: str) -> Any:
+    """Instantiate the dataclass `cls` from a nested mapping, checking keys and types."""
+    if not isinstance(tree, Mapping):
+        raise ValueError(f"{where}: must be a mapping, got {tree!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    unknown = sorted(set(tree) - set(fields))
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; valid keys are {sorted(fields)}")
+    kwargs = {name: _coerce(hints[name], value, f"{where}.{name}") for name, value in tree.items()}
+    return cls(**kwargs)
+
+
+def _coerce(hint: Any, value: Any, where: str) -> Any:
+    if dataclasses.is_dataclass(hint):
+        return build(hint, value, where)
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        items = value if isinstance(value, (list, tuple)) else [v for v in str(value).split(",") if v]
+        (item_type, *_rest) = typing.get_args(hint) or (Any,)
+        return tuple(_coerce(item_type, v, where) for v in items)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        return None if value is None else _coerce(options[0], value, where)
+    if hint in (int, float) and isinstance(value, str):
+        try:
+            value = hint(value)  # YAML reads 1e-4 (no dot) as a string
+        except ValueError:
+            raise ValueError(f"{where}: must be {hint.__name__}, got {value!r}") from None
+    if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, float, str, bool) and not isinstance(value, hint):
+        raise ValueError(f"{where}: must be {hint.__name__}, got {value!r}")
+    return value
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """The config as plain data (for the run dir's config.yaml and the report)."""
+    return dataclasses.asdict(config)

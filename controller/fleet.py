@@ -1,0 +1,234 @@
+"""The rollout fleet as the controller sees it: local worker processes or remote addresses.
+
+What it is: the stateful shell around `rollout.client.RolloutClient`s. It spawns local
+workers (`python -m rollout.server`, one process each), hands each GRPO group to one worker
+(so the worker's prefix cache serves all its samples), retries a group lost to an
+infrastructure failure on another worker, restarts a dead local worker and brings it to the
+current weights before it serves again, and broadcasts weight versions.
+
+What it is not: a scheduler of tokens. Workers run the whole agent loop; only finished
+trajectories come back.
+
+Invariants:
+- A group's trajectories come from one attempt on one worker: a group that fails part-way is
+  discarded whole and retried with `attempt + 1` (nothing is trained on twice).
+- An infrastructure failure is never a reward: a lost group becomes an `InfraEvent` counted
+  under `infra/errors/<class>`, not a trajectory with reward 0.
+- Every call has a deadline (`FleetConfig`), so a frozen worker turns into an error in bounded time.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import logging
+import os
+import pathlib
+import subprocess
+import sys
+import threading
+import time
+
+from controller.config import FleetConfig
+from model.weights import WeightVersion
+from rollout.api import GroupRequest, Trajectory, WorkerInfo
+from rollout.client import RolloutClient, RolloutError
+from sandbox.api import InfraErrorClass
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class GroupResult:
+    request: GroupRequest
+    trajectories: list[Trajectory]
+    worker: str
+    infra_errors: collections.Counter  # class name -> count, for attempts that failed on the way
+
+
+@dataclasses.dataclass
+class _Worker:
+    name: str
+    address: str
+    client: RolloutClient
+    process: subprocess.Popen | None = None
+    log_path: pathlib.Path | None = None
+    in_flight: int = 0
+    healthy: bool = True
+
+
+class Fleet:
+    """Spawn or connect rollout workers, dispatch groups, broadcast weights."""
+
+    def __init__(self, config: FleetConfig, model_dir: pathlib.Path, run_dir: pathlib.Path, seed: int = 0):
+        self.config = config
+        self.model_dir = pathlib.Path(model_dir)
+        self.run_dir = pathlib.Path(run_dir)
+        self.seed = seed
+        self._workers: list[_Worker] = []
+        self._lock = threading.Lock()
+        self._version: WeightVersion | None = None
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="group")
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.config.addresses:
+            for i, address in enumerate(self.config.addresses):
+                self._workers.append(_Worker(f"remote-{i}", address, RolloutClient(address)))
+        else:
+            spawned = [self._spawn(i) for i in range(self.config.workers)]
+            self._workers.extend(self._await_port(*item) for item in spawned)
+        for worker in self._workers:
+            info = worker.client.info(deadline_s=self.config.call_deadline_s)
+            logger.info("rollout worker %s at %s: engine=%s version=%d", worker.name, worker.address,
+                        info.engine, info.version)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for worker in self._workers:
+            worker.client.close()
+            if worker.process is not None and worker.process.poll() is None:
+                worker.process.terminate()
+        for worker in self._workers:
+            if worker.process is not None:
+                try:
+                    worker.process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    worker.process.kill()
+                    worker.process.wait()
+
+    def _spawn(self, index: int) -> tuple[str, subprocess.Popen, pathlib.Path, pathlib.Path]:
+        name = f"worker-{index}"
+        logs = self.run_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        port_file = self.run_dir / "workers" / f"{name}.port"
+        port_file.parent.mkdir(parents=True, exist_ok=True)
+        port_file.unlink(missing_ok=True)
+        log_path = logs / f"{name}.log"
+        env = dict(os.environ)
+        # A worker is one JAX process on one host device; the learner's fake-device flag is not its business.
+        env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                                    if not f.startswith("--xla_force_host_platform_device_count"))
+        env["JAX_PLATFORMS"] = env.get("JAX_PLATFORMS", "cpu")
+        root = pathlib.Path(__file__).resolve().parent.parent
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH", "")]))
+        command = [
+            sys.executable, "-m", "rollout.server",
+            "--engine", self.config.engine,
+            "--listen", "127.0.0.1:0",
+            "--port-file", str(port_file),
+            "--model", str(self.model_dir),
+            "--worker-id", name,
+            "--slots", str(self.config.slots),
+            "--seed", str(self.seed + index),
+        ]
+        process = subprocess.Popen(command, stdout=open(log_path, "ab"), stderr=subprocess.STDOUT, env=env,
+                                   cwd=root, start_new_session=False)
+        logger.info("spawned %s (pid %d), log %s", name, process.pid, log_path)
+        return name, process, port_file, log_path
+
+    def _await_port(self, name, process, port_file, log_path) -> _Worker:
+        deadline = time.monotonic() + self.config.start_timeout_s
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                tail = log_path.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"rollout worker {name} exited with {process.returncode} while starting; "
+                                   f"last log lines:\n{tail}")
+            if port_file.exists() and port_file.read_text().strip():
+                address = f"127.0.0.1:{int(port_file.read_text().strip())}"
+                return _Worker(name, address, RolloutClient(address), process, log_path)
+            time.sleep(0.1)
+        process.kill()
+        raise TimeoutError(f"rollout worker {name} did not report a port within {self.config.start_timeout_s}s; "
+                           f"see {log_path}")
+
+    def _revive(self, worker: _Worker) -> None:
+        """Restart a dead local worker and bring it to the current weights before it serves."""
+        if worker.process is None or worker.process.poll() is None:
+            return
+        logger.warning("rollout worker %s died (exit %s); restarting", worker.name, worker.process.returncode)
+        index = int(worker.name.rsplit("-", 1)[1])
+        fresh = self._await_port(*self._spawn(index))
+        worker.client.close()
+        worker.address, worker.client, worker.process = fresh.address, fresh.client, fresh.process
+        if self._version is not None:
+            worker.client.update_weights(self._version, deadline_s=self.config.call_deadline_s)
+        worker.healthy = True
+
+    # -- work --------------------------------------------------------------------------------
+
+    @property
+    def size(self) -> int:
+        return len(self._workers)
+
+    def submit(self, request: GroupRequest) -> concurrent.futures.Future:
+        """Roll out one group on the least-loaded worker; the future holds a GroupResult or None (dropped)."""
+        return self._pool.submit(self._run_group, request)
+
+    def rollout(self, requests: list[GroupRequest]) -> list[GroupResult | None]:
+        futures = [self.submit(r) for r in requests]
+        return [f.result() for f in futures]
+
+    def _pick(self, avoid: set[str]) -> _Worker:
+        with self._lock:
+            candidates = [w for w in self._workers if w.name not in avoid and w.healthy] or \
+                         [w for w in self._workers if w.name not in avoid] or self._workers
+            worker = min(candidates, key=lambda w: w.in_flight)
+            worker.in_flight += 1
+            return worker
+
+    def _run_group(self, request: GroupRequest) -> GroupResult | None:
+        errors: collections.Counter = collections.Counter()
+        tried: set[str] = set()
+        for attempt in range(self.config.max_group_retries + 1):
+            request = dataclasses.replace(request, attempt=attempt)
+            worker = self._pick(tried)
+            try:
+                trajectories = list(worker.client.rollout_group(request, deadline_s=self.config.rollout_deadline_s))
+                if len(trajectories) != request.group_size:
+                    raise RolloutError("RolloutGroup", worker.address, "INCOMPLETE",
+                                       f"{len(trajectories)} of {request.group_size} trajectories")
+                worker.healthy = True
+                return GroupResult(request, trajectories, worker.name, errors)
+            except RolloutError as error:
+                errors[InfraErrorClass.WORKER_LOST.value] += 1
+                tried.add(worker.name)
+                worker.healthy = False
+                logger.warning("group %s attempt %d failed on %s: %s", request.group_id, attempt, worker.name, error)
+                with self._lock:
+                    self._revive_quietly(worker)
+            finally:
+                with self._lock:
+                    worker.in_flight -= 1
+        logger.error("group %s dropped after %d attempts", request.group_id, self.config.max_group_retries + 1)
+        return GroupResult(request, [], "", errors)
+
+    def _revive_quietly(self, worker: _Worker) -> None:
+        try:
+            self._revive(worker)
+        except Exception as error:  # a worker that cannot restart stays unhealthy; the others go on
+            logger.error("could not restart %s: %s", worker.name, error)
+
+    def update_weights(self, version: WeightVersion) -> float:
+        """Send `version` to every worker; returns the slowest worker's load time in seconds."""
+        self._version = version
+        futures = [self._pool.submit(w.client.update_weights, version, self.config.call_deadline_s)
+                   for w in self._workers]
+        slowest = 0.0
+        for worker, future in zip(self._workers, futures):
+            try:
+                ack = future.result()
+                slowest = max(slowest, ack.load_s)
+                if ack.version != version.version:
+                    raise RuntimeError(f"{worker.name} acknowledged version {ack.version}, expected {version.version}")
+            except RolloutError as error:
+                worker.healthy = False
+                logger.warning("weight update to %s failed: %s", worker.name, error)
+                with self._lock:
+                    self._revive_quietly(worker)
+        return slowest
+
+    def infos(self) -> list[WorkerInfo]:
+        return [w.client.info(deadline_s=self.config.call_deadline_s) for w in self._workers]
