@@ -1,0 +1,98 @@
+"""The asynchronous loop: rollouts keep going while the learner trains.
+
+The sibling of `loop.py`, one difference: the fleet always has `groups_per_step` groups in
+flight, topped up the moment one finishes, so generation overlaps training and weight sync.
+A finished group is admitted into the step's batch only if every policy token of every
+sample was made by a weight version within `max_staleness` of the learner's current version
+(checked per sample from the per-token versions); older samples are dropped and counted
+(`staleness/dropped`). What is admitted may be a few versions old, so the learner corrects
+with the behaviour logprobs (`learner.importance`: truncated importance weights or the
+decoupled objective).
+
+Workers switch weights between requests (drain) unless configured to interrupt, so one turn
+may still carry two versions; the per-token check handles both.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import queue
+import time
+
+from controller import stats
+from controller.batching import make_batch
+from controller.config import RunConfig
+from controller.pipeline import Pipeline, every
+from rollout.api import Trajectory
+
+logger = logging.getLogger(__name__)
+
+
+def admit(group: list[Trajectory], version: int, max_staleness: int) -> tuple[list[Trajectory], int]:
+    """Samples whose oldest token is within `max_staleness` versions of `version`, and the drop count."""
+    fresh = [t for t in group if version - t.min_version() <= max_staleness]
+    return fresh, len(group) - len(fresh)
+
+
+def run(config: RunConfig) -> dict[str, float]:
+    pipe = Pipeline.build(config)
+    finished: queue.Queue[concurrent.futures.Future] = queue.Queue()
+
+    def submit(n: int) -> None:
+        for request in pipe.next_group_requests(n):
+            pipe.fleet.submit(request).add_done_callback(finished.put)
+
+    try:
+        pipe.prepare()
+        submit(config.data.groups_per_step)
+        for step in range(pipe.step, config.steps):
+            started = time.perf_counter()
+
+            groups, infra, dropped, waited = [], {}, 0, 0.0
+            while len(groups) < config.data.groups_per_step:
+                t0 = time.perf_counter()
+                future = finished.get()
+                waited += time.perf_counter() - t0
+                submit(1)  # keep the fleet busy while this step fills and trains
+                scored, errors = pipe.collect([future.result()])
+                for name, count in errors.items():
+                    infra[name] = infra.get(name, 0) + count
+                fresh, stale = admit(scored[0] if scored else [], pipe.version.version, config.max_staleness)
+                dropped += stale
+                if len(fresh) == config.data.group_size:
+                    groups.append(fresh)
+
+            plan = make_batch(groups, config.learner.advantage, pipe.learner.row_multiple,
+                              config.data.skip_zero_advantage)
+            learner_metrics, train_s = {}, 0.0
+            if plan.batch is not None:
+                t0 = time.perf_counter()
+                learner_metrics = pipe.learner.train_step(plan.batch)
+                train_s = time.perf_counter() - t0
+
+            sync_s = pipe.publish()
+
+            scored = [t for g in groups for t in g]
+            step_s = time.perf_counter() - started
+            metrics = {
+                **stats.rollout_metrics(scored, pipe.version.version - 1),
+                **stats.infra_metrics(infra),
+                **plan.metrics,
+                **learner_metrics,
+                "staleness/dropped": float(dropped),
+                "perf/rollout_wait_s": waited,
+                "perf/rollout_tokens_per_s": sum(t.num_policy_tokens for t in scored) / max(step_s, 1e-9),
+                "perf/learner_tokens_per_s": (plan.batch.num_policy_tokens / train_s) if train_s else 0.0,
+                "perf/train_s": train_s,
+                "perf/weight_sync_s": sync_s,
+                "perf/step_s": step_s,
+            }
+            pipe.finish_step(step, metrics, plan.trajectories)
+            if every(config.eval.every, step, config.steps):
+                pipe.evaluate(step)
+            if every(config.checkpoint.every, step, config.steps):
+                pipe.checkpoint(step)
+        return pipe.summarise()
+    finally:
+        pipe.close()
