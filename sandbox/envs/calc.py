@@ -1,0 +1,94 @@
+"""`calc`: arithmetic problems solved with the calculator tool. The demo environment.
+
+Args (EnvSpec.args): `level` 1..3, `num_tasks` (default 256), `seed` (default 0).
+- level 1: `a + b` or `a * b`, a and b with 2 or 3 digits ("What is 37 * 48?")
+- level 2: three 2-digit operands, two operators from + - * ("What is 12 + 34 * 56?")
+- level 3: the same with parentheses ("What is (12 + 34) * 56?")
+
+Tools: `calculator` {"expression": ...} (observation: just the value, e.g. "1776") and `answer`
+{"answer": ...}. Scoring: "outcome" 1.0 when the answer is exactly the true integer (commas,
+spaces and a trailing period are ignored), true_metric the same; "format" 1.0 when the agent
+answered through the answer tool. The calculator is pure Python: no sandbox, no workspace.
+
+Tasks are a deterministic function of (level, num_tasks, seed). Expressions are unique within a
+generated set, so the eval split (`EnvSpec.eval_fraction`, a seeded choice) never shares a
+problem with train.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+from sandbox.api import EnvSpec, Task
+from sandbox.envs.base import BuiltinEnv, Score, assign_splits
+from sandbox.tools import calculate
+
+LEVELS = (1, 2, 3)
+
+
+def _operand(rng: random.Random, digits: tuple[int, int]) -> int:
+    n = rng.randint(*digits)
+    return rng.randint(10 ** (n - 1), 10 ** n - 1)
+
+
+def make_expression(rng: random.Random, level: int) -> str:
+    if level == 1:
+        return f"{_operand(rng, (2, 3))} {rng.choice('+*')} {_operand(rng, (2, 3))}"
+    a, b, c = (_operand(rng, (2, 2)) for _ in range(3))
+    op1, op2 = rng.choice("+-*"), rng.choice("+-*")
+    if level == 2:
+        return f"{a} {op1} {b} {op2} {c}"
+    if rng.random() < 0.5:
+        return f"({a} {op1} {b}) {op2} {c}"
+    return f"{a} {op1} ({b} {op2} {c})"
+
+
+def generate_tasks(spec: EnvSpec) -> list[Task]:
+    level = int(spec.args.get("level", 1))
+    num_tasks = int(spec.args.get("num_tasks", 256))
+    seed = int(spec.args.get("seed", 0))
+    if level not in LEVELS:
+        raise ValueError(f"calc: args.level must be one of {LEVELS}, got {level!r}")
+    if num_tasks <= 0:
+        raise ValueError(f"calc: args.num_tasks must be > 0, got {num_tasks}")
+    rng = random.Random(f"calc/{level}/{seed}")
+    expressions: dict[str, None] = {}  # ordered set
+    attempts = 0
+    while len(expressions) < num_tasks:
+        attempts += 1
+        if attempts > 50 * num_tasks:
+            raise ValueError(f"calc: cannot draw {num_tasks} distinct level-{level} problems")
+        expressions.setdefault(make_expression(rng, level))
+    tasks = [
+        Task(
+            task_id=f"calc-l{level}-s{seed}-{i:05d}",
+            prompt=f"What is {expr}?",
+            verifier={"answer": calculate(expr), "expression": expr},
+            metadata={"level": level},
+        )
+        for i, expr in enumerate(expressions)
+    ]
+    return assign_splits(tasks, spec.eval_fraction, seed=f"calc/{level}/{seed}")
+
+
+_NOISE = re.compile(r"[\s,_$]")
+
+
+def parse_integer(answer: str | None) -> int | None:
+    """"1,776" / " 1776. " -> 1776; anything that is not a plain integer -> None."""
+    if answer is None:
+        return None
+    text = _NOISE.sub("", str(answer)).rstrip(".")
+    return int(text) if re.fullmatch(r"[+-]?\d{1,400}", text) else None
+
+
+class CalcEnv(BuiltinEnv):
+    KIND = "calc"
+    DEFAULT_TOOLS = ("calculator", "answer")
+    NEEDS_WORKSPACE = False
+
+    def score(self, answer: str | None) -> Score:
+        value = parse_integer(answer)
+        correct = value is not None and value == int(self.task.verifier["answer"])
+        return Score(outcome=float(correct), true_metric=float(correct), verified=correct)
