@@ -60,6 +60,10 @@ class GenerationRequest:
     request_id: str
     prompt_ids: tuple[int, ...]
     sampling: SamplingParams
+    # Multi-turn KV reuse: requests of one session (one agent episode) run one after another;
+    # when a prompt extends the previous prompt + output, an engine may keep that KV cache and
+    # prefill only the new tokens. Engines without a cache ignore it. None: no session.
+    session_id: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,8 +77,19 @@ class Generation:
     finish_reason: FinishReason
 
 
+class EngineError(RuntimeError):
+    """The engine itself failed (crashed, closed, timed out): an infrastructure error, never a reward."""
+
+
 class Engine(Protocol):
-    """A sampler serving one weight version at a time. Implementations: JaxEngine, SGLangEngine, FakeEngine."""
+    """A sampler serving one weight version at a time. Implementations: JaxEngine, SGLangEngine, FakeEngine.
+
+    Behaviour logprobs: for temperature T > 0, log softmax(logits / T) of the sampled token,
+    the temperature-scaled distribution before top-k / top-p truncation
+    (`model.decoder.logprobs_from_logits` with the same T); for greedy (T == 0) the
+    temperature-1 distribution, log softmax(logits). Engines that keep sessions also offer
+    `release_session(session_id)`.
+    """
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         """Sample every request to completion (continuous batching inside); order matches input."""

@@ -1,0 +1,521 @@
+"""JaxEngine: the embedded sampler of a rollout worker (continuous batching over a KV cache).
+
+What it is: a fixed number of slots, each owning one row of a preallocated KV cache
+[layers, slots, max_seq_len, kv_heads, head_dim]. One background scheduler thread loops:
+
+    apply session releases, aborts and a pending weight switch
+    admit waiting requests into free slots (FIFO)
+    prefill rows with 2+ unfed tokens (grouped by prefill bucket, chunked past the last one)
+    decode every row with exactly one unfed token, `decode_steps_per_call` steps at a time
+    hand finished generations to their futures
+
+A finished sequence frees its slot, and the next waiting request takes it at the next loop, so
+turns of different lengths keep the batch full. The compiled steps live in
+`rollout/engine_steps.py` (pure functions, `jax.jit` once per shape bucket).
+
+Multi-turn KV reuse: every slot remembers which tokens its cache row holds. A request is placed
+in the slot of its `session_id` when it has one, otherwise in the free slot sharing the longest
+prefix with its prompt; only tokens past that common prefix are prefilled (at least one, to get
+logits). Session slots are kept until `release_session` or until evicted (least recently used)
+to make room. A weight switch invalidates every cached row, because KV computed by old weights
+would make new tokens that the new weights would not have made.
+
+Behaviour logprobs (what the learner's importance ratios compare against): for temperature
+T > 0, log softmax(logits / T)[token], the temperature-scaled distribution before top-k/top-p
+truncation, exactly `model.decoder.token_logprobs(..., temperature=T)` on the same weights;
+for greedy (T == 0) the temperature-1 logprob log softmax(logits)[token]. See
+`rollout/sampling.py`.
+
+Weights: `load_weights(WeightVersion)` reads the snapshot (`model.weights.load_snapshot`, which
+checks the digest) on the caller's thread; a corrupt snapshot raises and the engine keeps
+serving what it had. Versions only go up. The switch happens between two compiled calls:
+- drain (default): no new request is admitted until those in flight finish on their version;
+- `interrupt_on_update=True`: the switch happens at once; each in-flight request re-prefills its
+  context under the new weights and continues, so its tokens carry two versions.
+
+What it is not: a paged-attention server. Cache rows are contiguous and fixed-length; groups
+that share a prompt do not share cache memory (they reuse it only when they land in a slot that
+held it); there is no speculative decoding.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import itertools
+import logging
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from model.config import ModelConfig
+from model.decoder import init_cache
+from model.weights import WeightVersion, load_snapshot
+from rollout import engine_steps
+from rollout.api import EngineError, FinishReason, Generation, GenerationRequest
+from rollout.config import JaxEngineConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(eq=False)
+class _Job:
+    """One request being served; `context` is prompt + output so far."""
+
+    request: GenerationRequest
+    future: concurrent.futures.Future
+    context: list[int]
+    max_new: int
+    stop_ids: frozenset[int]
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(eq=False)
+class _Slot:
+    """One KV-cache row. `kv_tokens` (idle) or `job.context[:kv_len]` (busy) is what it holds."""
+
+    index: int
+    job: _Job | None = None
+    kv_len: int = 0
+    kv_tokens: list[int] = dataclasses.field(default_factory=list)
+    session_id: str | None = None
+    last_used: int = 0
+
+
+@dataclasses.dataclass
+class _Update:
+    version: int
+    digest: str
+    params: Any
+    applied: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _cast_params(params: Any, dtype: str) -> Any:
+    return jax.tree.map(lambda x: jnp.asarray(x, dtype), params)
+
+
+class JaxEngine:
+    """Continuous-batching sampler on the local JAX devices (implements `rollout.api.Engine`)."""
+
+    name = "jax"
+
+    def __init__(self, model_config: ModelConfig, params: Any,
+                 config: JaxEngineConfig = JaxEngineConfig(), *, version: int = 0,
+                 digest: str = "", decode: Callable[[Sequence[int]], str] | None = None):
+        """`decode` turns token ids into text; it is needed only for stop strings."""
+        self.config = config
+        self.model_config = dataclasses.replace(model_config, dtype=config.dtype)
+        self._decode_text = decode
+        # Snapshots hold float32 params of this shape; served params are cast to config.dtype.
+        self._structure = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(np.shape(x), np.float32), params)
+        self._params = _cast_params(params, config.dtype)
+        self._version = int(version)
+        self._digest = digest
+        self._cache = init_cache(self.model_config, config.slots, config.max_seq_len)
+        self._slots = [_Slot(i) for i in range(config.slots)]
+        self._sessions: dict[str, _Slot] = {}
+        self._queue: collections.deque[_Job] = collections.deque()
+        self._clock = itertools.count(1)
+        self._row_buckets = [1 << i for i in range(config.slots.bit_length())
+                             if (1 << i) < config.slots] + [config.slots]
+        # Shared with callers, guarded by _cond.
+        self._cond = threading.Condition()
+        self._incoming: list[_Job] = []
+        self._aborts: set[str] = set()
+        self._releases: list[str] = []
+        self._update: _Update | None = None
+        self._closed = False
+        self._error: BaseException | None = None
+        self._update_lock = threading.Lock()
+        self.stats = collections.Counter()  # generated/prefill/reused tokens, calls; read-only outside
+        self._thread = threading.Thread(target=self._run, name="jax-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_hf_dir(cls, folder: str, config: JaxEngineConfig = JaxEngineConfig(), *,
+                    version: int = 0) -> JaxEngine:
+        """Serve a HF folder (config.json, safetensors, tokenizer) as `version`."""
+        from model.hf_io import load_hf
+        from model.tokenizer import Tokenizer
+
+        model_config, params = load_hf(folder, dtype=config.dtype)
+        tokenizer = Tokenizer.from_dir(folder)
+        return cls(model_config, params, config, version=version, decode=tokenizer.decode)
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def healthy(self) -> bool:
+        return self._error is None and not self._closed and self._thread.is_alive()
+
+    def submit(self, request: GenerationRequest) -> concurrent.futures.Future:
+        """Queue one request; the future resolves to its `Generation` (or EngineError)."""
+        job = self._validate(request)
+        with self._cond:
+            if self._error is not None or self._closed:
+                raise EngineError(f"JaxEngine is not serving: {self._error or 'closed'}")
+            self._incoming.append(job)
+            self._cond.notify_all()
+        return job.future
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        """Sample every request to completion; order matches input."""
+        futures = [self.submit(r) for r in requests]
+        return [f.result() for f in futures]
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        """Finish these requests now with FinishReason.ABORT (tokens so far are returned)."""
+        with self._cond:
+            self._aborts.update(request_ids)
+            self._cond.notify_all()
+
+    def release_session(self, session_id: str) -> None:
+        """Forget a session; its cache row becomes an ordinary free slot (its prefix stays reusable)."""
+        with self._cond:
+            self._releases.append(session_id)
+            self._cond.notify_all()
+
+    def load_weights(self, version: WeightVersion) -> float:
+        """Load `version`, verify its digest, switch atomically; returns seconds spent.
+
+        The same version again is a no-op; a lower one raises ValueError."""
+        start = time.perf_counter()
+        with self._update_lock:
+            if version.version < self._version:
+                raise ValueError(f"JaxEngine.load_weights version must not go down: serving "
+                                 f"{self._version}, got {version.version}")
+            if version.version == self._version:
+                if version.digest and self._digest and version.digest != self._digest:
+                    raise ValueError(f"JaxEngine.load_weights got version {version.version} "
+                                     f"again with a different digest")
+                return time.perf_counter() - start
+            # Raises SnapshotDigestError / SnapshotError; the served weights stay untouched.
+            params = load_snapshot(version, expected_structure=self._structure)
+            update = _Update(version.version, version.digest,
+                             _cast_params(params, self.config.dtype))
+            jax.block_until_ready(update.params)
+            with self._cond:
+                self._raise_if_dead()
+                self._update = update
+                self._cond.notify_all()
+            deadline = time.monotonic() + self.config.update_timeout_s
+            while not update.applied.wait(0.05):
+                with self._cond:
+                    self._raise_if_dead()
+                    if time.monotonic() > deadline and self._update is update:
+                        self._update = None
+                        raise TimeoutError(f"JaxEngine did not switch to version "
+                                           f"{version.version} within update_timeout_s="
+                                           f"{self.config.update_timeout_s}")
+        logger.info("serving weight version %d (%.2fs)", version.version,
+                    time.perf_counter() - start)
+        return time.perf_counter() - start
+
+    def close(self) -> None:
+        """Stop the scheduler; unfinished requests fail with EngineError."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=30)
+
+    def __enter__(self) -> JaxEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ validation
+
+    def _validate(self, request: GenerationRequest) -> _Job:
+        s, c = request.sampling, self.config
+        prompt = [int(t) for t in request.prompt_ids]
+        if not prompt:
+            raise ValueError(f"GenerationRequest.prompt_ids must be non-empty "
+                             f"(request {request.request_id!r})")
+        if len(prompt) >= c.max_seq_len:
+            raise ValueError(f"GenerationRequest.prompt_ids must be shorter than max_seq_len="
+                             f"{c.max_seq_len}, got {len(prompt)} tokens "
+                             f"(request {request.request_id!r})")
+        vocab = self.model_config.vocab_size
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise ValueError(f"GenerationRequest.prompt_ids must lie in [0, {vocab}), got "
+                             f"min {min(prompt)} max {max(prompt)}")
+        if len(set(s.stop_token_ids)) > c.max_stop_ids:
+            raise ValueError(f"SamplingParams.stop_token_ids must hold at most max_stop_ids="
+                             f"{c.max_stop_ids} ids, got {len(set(s.stop_token_ids))}")
+        if s.stop_strings and self._decode_text is None:
+            raise ValueError("SamplingParams.stop_strings need an engine built with a decode "
+                             "function (JaxEngine(..., decode=tokenizer.decode))")
+        if s.max_new_tokens <= 0 or s.temperature < 0 or not 0 < s.top_p <= 1 or s.top_k < 0:
+            raise ValueError(f"SamplingParams must have max_new_tokens > 0, temperature >= 0, "
+                             f"0 < top_p <= 1, top_k >= 0, got {s}")
+        return _Job(request, concurrent.futures.Future(), prompt, s.max_new_tokens,
+                    frozenset(s.stop_token_ids))
+
+    def _raise_if_dead(self) -> None:
+        if self._error is not None or self._closed:
+            raise EngineError(f"JaxEngine is not serving: {self._error or 'closed'}")
+
+    # ------------------------------------------------------------------ scheduler
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not self._closed and not self._has_work_locked():
+                        self._cond.wait()
+                    if self._closed:
+                        break
+                    self._queue.extend(self._incoming)
+                    self._incoming.clear()
+                    aborts, self._aborts = self._aborts, set()
+                    releases, self._releases = self._releases, []
+                    update = self._update
+                for session_id in releases:
+                    self._release(session_id)
+                if aborts:
+                    self._abort(aborts)
+                if update is not None:
+                    self._maybe_switch(update)
+                self._admit(draining=self._update is not None)
+                self._prefill()
+                self._decode()
+        except BaseException as exc:  # noqa: BLE001 - the thread must report, not vanish
+            logger.exception("JaxEngine scheduler failed")
+            with self._cond:
+                self._error = exc
+        self._fail_all(EngineError(f"JaxEngine stopped: {self._error or 'closed'}"))
+
+    def _has_work_locked(self) -> bool:
+        return bool(self._incoming or self._aborts or self._releases or self._update
+                    or self._queue and self._update is None
+                    or any(s.job is not None for s in self._slots))
+
+    def _fail_all(self, error: EngineError) -> None:
+        with self._cond:
+            jobs = list(self._queue) + self._incoming + [s.job for s in self._slots if s.job]
+            self._queue.clear()
+            self._incoming.clear()
+        for job in jobs:
+            if not job.future.done():
+                job.future.set_exception(error)
+
+    def _release(self, session_id: str) -> None:
+        slot = self._sessions.pop(session_id, None)
+        if slot is not None:
+            slot.session_id = None
+
+    def _abort(self, request_ids: set[str]) -> None:
+        kept = collections.deque()
+        for job in self._queue:
+            if job.request.request_id in request_ids:
+                self._resolve(job, FinishReason.ABORT)
+            else:
+                kept.append(job)
+        self._queue = kept
+        for slot in self._slots:
+            if slot.job is not None and slot.job.request.request_id in request_ids:
+                self._finish(slot, FinishReason.ABORT)
+
+    def _maybe_switch(self, update: _Update) -> None:
+        busy = [s for s in self._slots if s.job is not None]
+        if busy and not self.config.interrupt_on_update:
+            return  # drain: wait until in-flight requests finish on their version
+        self._params, self._version, self._digest = update.params, update.version, update.digest
+        for slot in self._slots:
+            slot.kv_len = 0  # busy rows re-prefill under the new weights
+            slot.kv_tokens = []
+        with self._cond:
+            if self._update is update:
+                self._update = None
+        update.applied.set()
+        self.stats["weight_switches"] += 1
+
+    def _admit(self, draining: bool) -> None:
+        while self._queue and not draining:
+            job = self._queue[0]
+            if job.future.cancelled():
+                self._queue.popleft()
+                continue
+            slot = self._pick_slot(job)
+            if slot is None:
+                return  # every slot is busy; try again after the next decode call
+            self._queue.popleft()
+            if not job.future.set_running_or_notify_cancel():
+                continue  # cancelled just now
+            reuse = min(_common_prefix(slot.kv_tokens, job.context), len(job.context) - 1)
+            slot.job, slot.kv_len, slot.kv_tokens = job, reuse, []
+            slot.last_used = next(self._clock)
+            session_id = job.request.session_id
+            if session_id is not None:
+                if slot.session_id not in (None, session_id):
+                    self._sessions.pop(slot.session_id, None)
+                slot.session_id = session_id
+                self._sessions[session_id] = slot
+            self.stats["reused_tokens"] += reuse
+            self.stats["requests"] += 1
+
+    def _pick_slot(self, job: _Job) -> _Slot | None:
+        session_id = job.request.session_id
+        if session_id is not None and session_id in self._sessions:
+            slot = self._sessions[session_id]
+            if slot.job is None:
+                return slot
+            self._sessions.pop(session_id)  # its slot is busy with another request: start over
+            slot.session_id = None
+        free = [s for s in self._slots if s.job is None and s.session_id is None]
+        if free:
+            return max(free, key=lambda s: (_common_prefix(s.kv_tokens, job.context),
+                                            -s.last_used))
+        idle = [s for s in self._slots if s.job is None]
+        if not idle:
+            return None
+        victim = min(idle, key=lambda s: s.last_used)  # evict the least recently used session
+        self._sessions.pop(victim.session_id, None)
+        victim.session_id = None
+        return victim
+
+    # ------------------------------------------------------------------ compiled calls
+
+    def _sampling_row(self, job: _Job) -> tuple[float, float, int, int, int]:
+        s = job.request.sampling
+        return (s.temperature, s.top_p, s.top_k, s.seed % (1 << 32), len(job.tokens))
+
+    def _prefill(self) -> None:
+        rows = [s for s in self._slots if s.job is not None and len(s.job.context) - s.kv_len > 1]
+        if not rows:
+            return
+        buckets = self.config.prefill_buckets
+        by_bucket: dict[int, list[_Slot]] = collections.defaultdict(list)
+        for slot in rows:
+            chunk = min(len(slot.job.context) - slot.kv_len, buckets[-1])
+            by_bucket[next(b for b in buckets if b >= chunk)].append(slot)
+        for bucket, group in sorted(by_bucket.items()):
+            for start in range(0, len(group), self.config.slots):
+                self._prefill_rows(bucket, group[start:start + self.config.slots])
+
+    def _prefill_rows(self, bucket: int, slots: list[_Slot]) -> None:
+        num_rows = next(b for b in self._row_buckets if b >= len(slots))
+        tokens = np.zeros((num_rows, bucket), np.int32)
+        positions = np.full((num_rows, bucket), -1, np.int32)
+        rows = np.full((num_rows,), self.config.slots, np.int32)
+        last = np.zeros((num_rows,), np.int32)
+        sampling = np.zeros((num_rows, 5), np.float64)
+        sampling[:, 1] = 1.0
+        chunks = []
+        for i, slot in enumerate(slots):
+            job = slot.job
+            chunk = job.context[slot.kv_len:slot.kv_len + bucket]
+            tokens[i, :len(chunk)] = chunk
+            positions[i, :len(chunk)] = np.arange(slot.kv_len, slot.kv_len + len(chunk))
+            rows[i], last[i] = slot.index, len(chunk) - 1
+            sampling[i] = self._sampling_row(job)
+            chunks.append(len(chunk))
+        version = self._version
+        self._cache, token_p, logprob_p = engine_steps.prefill(
+            self._params, self._cache, tokens, positions, rows, last,
+            sampling[:, 0].astype(np.float32), sampling[:, 1].astype(np.float32),
+            sampling[:, 2].astype(np.int32), sampling[:, 3].astype(np.uint32),
+            sampling[:, 4].astype(np.int32), config=self.model_config)
+        token_p, logprob_p = np.asarray(token_p), np.asarray(logprob_p)
+        self.stats["prefill_calls"] += 1
+        for i, slot in enumerate(slots):
+            slot.kv_len += chunks[i]
+            self.stats["prefill_tokens"] += chunks[i]
+            if slot.kv_len == len(slot.job.context):  # whole context fed: the sample counts
+                self._emit(slot, int(token_p[i]), float(logprob_p[i]), version)
+
+    def _decode(self) -> None:
+        rows = [s for s in self._slots if s.job is not None and len(s.job.context) - s.kv_len == 1]
+        if not rows:
+            return
+        n, c = self.config.slots, self.config
+        token = np.zeros((n,), np.int32)
+        position = np.zeros((n,), np.int32)
+        active = np.zeros((n,), bool)
+        remaining = np.zeros((n,), np.int32)
+        stop_ids = np.full((n, c.max_stop_ids), -1, np.int32)
+        sampling = np.zeros((n, 5), np.float64)
+        sampling[:, 1] = 1.0
+        for slot in rows:
+            job, i = slot.job, slot.index
+            token[i], position[i], active[i] = job.context[-1], slot.kv_len, True
+            remaining[i] = min(job.max_new - len(job.tokens), c.max_seq_len - len(job.context))
+            ids = sorted(job.stop_ids)
+            stop_ids[i, :len(ids)] = ids
+            sampling[i] = self._sampling_row(job)
+        version = self._version
+        self._cache, token_ks, logprob_ks, emitted_ks = engine_steps.decode(
+            self._params, self._cache, token, position, active, remaining, stop_ids,
+            sampling[:, 0].astype(np.float32), sampling[:, 1].astype(np.float32),
+            sampling[:, 2].astype(np.int32), sampling[:, 3].astype(np.uint32),
+            sampling[:, 4].astype(np.int32), config=self.model_config,
+            num_steps=c.decode_steps_per_call)
+        token_ks, logprob_ks = np.asarray(token_ks), np.asarray(logprob_ks)
+        emitted_ks = np.asarray(emitted_ks)
+        self.stats["decode_calls"] += 1
+        for slot in rows:
+            i = slot.index
+            for k in range(c.decode_steps_per_call):
+                if slot.job is None or not emitted_ks[k, i]:
+                    break
+                slot.kv_len += 1  # the fed token's k/v is now in the row
+                self._emit(slot, int(token_ks[k, i]), float(logprob_ks[k, i]), version)
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def _emit(self, slot: _Slot, token: int, logprob: float, version: int) -> None:
+        job = slot.job
+        job.tokens.append(token)
+        job.logprobs.append(logprob)
+        job.versions.append(version)
+        job.context.append(token)
+        self.stats["generated_tokens"] += 1
+        stop_strings = job.request.sampling.stop_strings
+        if token in job.stop_ids:
+            self._finish(slot, FinishReason.STOP)
+        elif stop_strings and self._hit_stop_string(job.tokens, stop_strings):
+            self._finish(slot, FinishReason.STOP)
+        elif len(job.tokens) >= job.max_new or len(job.context) >= self.config.max_seq_len:
+            self._finish(slot, FinishReason.LENGTH)
+
+    def _hit_stop_string(self, tokens: list[int], stop_strings: Sequence[str]) -> bool:
+        # A stop string of L characters spans at most 4L byte-level tokens; decode a window
+        # that covers it (earlier occurrences would have stopped the request already).
+        window = 4 * max(len(s) for s in stop_strings) + 4
+        text = self._decode_text(tokens[-window:])
+        return any(s in text for s in stop_strings)
+
+    def _finish(self, slot: _Slot, reason: FinishReason) -> None:
+        job = slot.job
+        slot.kv_tokens = job.context[:slot.kv_len]
+        slot.job = None
+        slot.last_used = next(self._clock)
+        self._resolve(job, reason)
+
+    def _resolve(self, job: _Job, reason: FinishReason) -> None:
+        if job.future.done():
+            return
+        job.future.set_result(Generation(
+            request_id=job.request.request_id, token_ids=tuple(job.tokens),
+            logprobs=tuple(job.logprobs), versions=tuple(job.versions), finish_reason=reason))
