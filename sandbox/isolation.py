@@ -169,6 +169,47 @@ def kill_tree(proc: subprocess.Popen) -> None:
         pass
 
 
+def live_pids_of_uid(uid: int) -> list[int]:
+    """Host processes of `uid` that are not zombies."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{entry}").st_uid != uid:
+                continue
+            with open(f"/proc/{entry}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+                    found.append(int(entry))
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+    return found
+
+
+def settle_uid(uid: int, timeout_s: float = 2.0) -> None:
+    """Wait until no process of a one-shot sandbox's uid is alive; SIGKILL stragglers after half the time.
+
+    Outer bwrap can exit while the kernel is still tearing down the pid namespace; this makes
+    the end of a cold call mean the end of every process it started.
+    """
+    started = time.monotonic()
+    while True:
+        pids = live_pids_of_uid(uid)
+        if not pids:
+            return
+        elapsed = time.monotonic() - started
+        if elapsed > timeout_s:
+            log.warning("uid %d still has processes %s after %.1fs", uid, pids, elapsed)
+            return
+        if elapsed > timeout_s / 2:
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        time.sleep(0.005)
+
+
 def wait_status(pid: int) -> tuple[int, float]:
     """Reap `pid`; (shell-style exit status, CPU seconds of it and its reaped descendants)."""
     _, status, usage = os.wait4(pid, 0)
@@ -250,6 +291,12 @@ class Isolator:
             raise SandboxUnavailableError(f"SandboxConfig.python_executable {config.python_executable!r} is missing")
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o711)  # sandbox uids may traverse to their workspace, not list others
+        if os.geteuid() == 0:
+            for parent in self.root.resolve().parents:
+                if not os.stat(parent).st_mode & 0o001:
+                    raise SandboxUnavailableError(
+                        f"SandboxConfig.root_dir {config.root_dir!r}: its parent {str(parent)!r} is not searchable "
+                        "by other users, so the unprivileged sandbox uids cannot reach their workspaces")
         self.etc_dir = self._write_minimal_etc()
 
     def _write_minimal_etc(self) -> Path:
@@ -319,7 +366,10 @@ class Isolator:
                 proc.stdin.close()
             except BrokenPipeError:
                 pass
-        return capture(proc, limits, started)
+        result = capture(proc, limits, started)
+        if uid is not None and self.isolated:
+            settle_uid(uid)  # the uid is this sandbox's alone: nothing of it may outlive the call
+        return result
 
     def python_argv(self, code: str) -> list[str]:
         # -E: ignore PYTHON* variables; -s: no user site. Like `python3 -c`, the cwd is on sys.path.
