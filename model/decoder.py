@@ -139,7 +139,7 @@ class Attention(nn.Module):
 
     @nn.compact
     def __call__(self, x_btd: jax.Array, positions_bt: jax.Array, mask_b1ts: jax.Array | None,
-                 cache_kv: tuple[jax.Array, jax.Array] | None):
+                 cache_kv: tuple[jax.Array, jax.Array] | None, layer: jax.Array):
         c = self.config
         dt = _dtype(c.dtype)
         d, h, k, e = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
@@ -165,14 +165,19 @@ class Attention(nn.Module):
         if cache_kv is None:
             keys, values, new_cache = k_new, v_new, None
         else:
+            # The whole [l, b, s, k, e] cache rides in the scan carry and is updated at this
+            # layer's index, so under jit (cache donated) XLA writes it in place instead of
+            # copying every layer's cache once per call.
             cache_k, cache_v = cache_kv
-            slots = cache_k.shape[1]
+            slots = cache_k.shape[2]
             # Positions < 0 are padding: send them out of bounds so the scatter drops them.
             write = jnp.where(positions_bt < 0, slots, positions_bt)
             rows = jnp.arange(x_btd.shape[0])[:, None]
-            cache_k = cache_k.at[rows, write].set(k_new.astype(cache_k.dtype), mode="drop")
-            cache_v = cache_v.at[rows, write].set(v_new.astype(cache_v.dtype), mode="drop")
-            keys, values, new_cache = cache_k.astype(dt), cache_v.astype(dt), (cache_k, cache_v)
+            cache_k = cache_k.at[layer, rows, write].set(k_new.astype(cache_k.dtype), mode="drop")
+            cache_v = cache_v.at[layer, rows, write].set(v_new.astype(cache_v.dtype), mode="drop")
+            keys = jax.lax.dynamic_index_in_dim(cache_k, layer, keepdims=False).astype(dt)
+            values = jax.lax.dynamic_index_in_dim(cache_v, layer, keepdims=False).astype(dt)
+            new_cache = (cache_k, cache_v)
             # Mask by position: slot j holds position j; attend to j <= own position.
             slot_ids = jnp.arange(slots)
             mask_b1ts = (slot_ids[None, None, :] <= positions_bt[:, :, None])[:, None]
@@ -205,18 +210,21 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """One pre-norm block. Signature fits `nn.scan`: (carry, *broadcast, xs) -> (carry, ys)."""
+    """One pre-norm block. Signature fits `nn.scan`: (carry, *broadcast) -> (carry, None),
+    carry = (x_btd, cache (k, v) or None, layer index)."""
 
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, x_btd, positions_bt, mask_b1ts, cache_kv):
-        attn_out, new_cache = Attention(self.config, name="attn")(
-            RMSNorm(self.config, name="input_norm")(x_btd), positions_bt, mask_b1ts, cache_kv)
+    def __call__(self, carry, positions_bt, mask_b1ts):
+        x_btd, cache_kv, layer = carry
+        attn_out, cache_kv = Attention(self.config, name="attn")(
+            RMSNorm(self.config, name="input_norm")(x_btd), positions_bt, mask_b1ts, cache_kv,
+            layer)
         x_btd = x_btd + attn_out
         x_btd = x_btd + MLP(self.config, name="mlp")(
             RMSNorm(self.config, name="post_attn_norm")(x_btd))
-        return x_btd, new_cache
+        return (x_btd, cache_kv, layer + 1), None
 
 
 class _Weight(nn.Module):
@@ -250,12 +258,13 @@ class Decoder(nn.Module):
             DecoderLayer,
             variable_axes={"params": 0},
             split_rngs={"params": True},
-            in_axes=(nn.broadcast, nn.broadcast, 0),
+            in_axes=(nn.broadcast, nn.broadcast),
             length=c.num_layers,
             metadata_params={nn.PARTITION_NAME: "layers"},
         )(c, name="layers")
         cache_kv = None if cache is None else (cache["k"], cache["v"])
-        x, new_kv = layers(x, positions_bt, mask_b1ts, cache_kv)
+        (x, new_kv, _), _ = layers((x, cache_kv, jnp.zeros((), jnp.int32)), positions_bt,
+                                   mask_b1ts)
         x = RMSNorm(c, name="final_norm")(x)
         if c.tie_embeddings:
             logits = jnp.einsum("btd,vd->btv", x, embedding.astype(dt),
