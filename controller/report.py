@@ -14,6 +14,7 @@ summary table as text for the console at the end of a run.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import html
 import math
 import pathlib
@@ -23,13 +24,14 @@ from typing import Any, Mapping, Sequence
 from controller import judge
 
 STALENESS_HIST_PREFIX = "staleness/hist/"
+EVAL_SUCCESS = "eval/*success_rate"  # eval/success_rate and the per-env eval/<env>/success_rate
 PLOT_DIR = "plots"
 
 
 @dataclasses.dataclass(frozen=True)
 class Panel:
     ylabel: str
-    keys: tuple[str, ...]  # a key ending in "*" matches every metric with that prefix
+    keys: tuple[str, ...]  # metric names; shell-style patterns ("infra/errors/*") match every such metric
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +44,7 @@ class Plot:
 # Line plots over steps, in report order. Reward vs true metric and staleness have their own drawers.
 LINE_PLOTS = (
     Plot("success", "Success rate and true metric", (
-        Panel("rate", ("rollout/success_rate", "eval/success_rate", "reward/true_metric", "rollout/verify_pass_rate")),)),
+        Panel("rate", ("rollout/success_rate", EVAL_SUCCESS, "reward/true_metric", "rollout/verify_pass_rate")),)),
     Plot("length", "Trajectory length", (Panel("turns", ("rollout/turns",)), Panel("tokens", ("rollout/tokens",)))),
     Plot("tools", "Tool calls and cost", (Panel("calls", ("rollout/tool_calls",)), Panel("cost", ("rollout/tool_cost",)))),
     Plot("invalid_loop", "Invalid-loop rate", (Panel("rate", ("rollout/invalid_loop_rate",)),)),
@@ -113,8 +115,8 @@ def _series(history: Sequence[Mapping[str, Any]], key: str) -> tuple[list[float]
 def _expand(history: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> list[str]:
     out: list[str] = []
     for key in keys:
-        if key.endswith("*"):
-            out += sorted({k for row in history for k in row if k.startswith(key[:-1])})
+        if any(c in key for c in "*?["):
+            out += sorted({k for row in history for k in row if fnmatch.fnmatchcase(k, key)})
         else:
             out.append(key)
     return out
@@ -214,17 +216,21 @@ def _staleness(Figure, save, skipped, history, staleness_hist) -> None:
 def summarize(history: Sequence[Mapping[str, Any]], edge_steps: int = 5) -> dict[str, Any]:
     """Headline numbers of a run from its history; keys are absent when their metrics were not logged.
 
-    Success before/after: the first and last `eval/success_rate` if the run evaluated, else the mean
-    `rollout/success_rate` of the first and last `edge_steps` steps. Reward and true metric: means
+    Success before/after: the first and last evaluation (`eval/success_rate`, or each env's
+    `eval/<env>/success_rate`) if the run evaluated, else the mean `rollout/success_rate` of the first
+    and last `edge_steps` steps. Reward and true metric: means
     over the last `edge_steps` steps. Throughput: medians over the run; weight sync: the mean.
     """
     history = sorted((r for r in history if "step" in r), key=lambda r: r["step"])
     out: dict[str, Any] = {"steps": len(history)}
-    _, evals = _series(history, "eval/success_rate")
-    if evals:
-        out["success metric"] = "eval/success_rate"
-        out["success before"], out["success after"] = evals[0], evals[-1]
-    else:
+    eval_keys = _expand(history, (EVAL_SUCCESS,))
+    for key in eval_keys:
+        _, evals = _series(history, key)
+        if evals:
+            suffix = "" if len(eval_keys) == 1 else f" ({key})"
+            out[f"success metric{suffix}"] = key
+            out[f"success before{suffix}"], out[f"success after{suffix}"] = evals[0], evals[-1]
+    if not eval_keys:
         _, train = _series(history, "rollout/success_rate")
         if train:
             out["success metric"] = f"rollout/success_rate (mean of first/last {edge_steps} steps)"

@@ -172,9 +172,14 @@ def env_record_to_proto(record: EnvRecord) -> controller_pb2.EnvStatus:
     )
 
 
+_WEIGHT_ALIASES = {"step": "learner_step", "created_at": "created_unix_s"}  # model.weights.WeightVersion's names
+
+
 def _weights_proto(weights: Mapping[str, Any]) -> weights_pb2.WeightVersion:
-    """Keys as in weights.proto; `format` may be an enum member, its name ("orbax",
-    "WEIGHT_FORMAT_ORBAX") or the proto number. Unknown keys are ignored (they are not on the wire)."""
+    """Keys as in weights.proto, or as in `model.weights.WeightVersion` (`step`, `created_at`);
+    `format` may be an enum member, its name ("orbax", "WEIGHT_FORMAT_ORBAX") or the proto number.
+    Other keys are ignored (they are not on the wire)."""
+    weights = {_WEIGHT_ALIASES.get(k, k): v for k, v in weights.items()}
     message = weights_pb2.WeightVersion()
     for key in ("version", "learner_step"):
         if weights.get(key) is not None:

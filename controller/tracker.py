@@ -16,8 +16,9 @@ and, optionally, the staleness histogram of the step as `staleness/hist/<version
 
 metrics.jsonl: one JSON object per line, `{"step": int, "time": unix seconds, <name>: float, ...}`;
 NaN and infinities are written as null so that any JSON reader can parse the file.
-The file is appended to, so a resumed run continues it; `load_history` keeps the last line of
-each step, which drops steps that a crash made the run repeat.
+The file is appended to, so a resumed run continues it. A step may have several lines (the
+training metrics, then the evaluation's); `load_history` merges the lines of each step, later
+values winning, which also replaces steps that a crash made the run repeat.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ STALENESS_HIST_PREFIX = "staleness/hist/"
 
 class Tracker(Protocol):
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
-        """Record the metrics of one learner step. Steps go up; a step is logged once."""
+        """Record metrics of one learner step. Steps do not go down; one step may be logged more
+        than once with different keys (training metrics, then evaluation)."""
 
     def close(self) -> None:
         """Flush and release. Safe to call twice."""
@@ -112,7 +114,8 @@ def _finite_or_none(value: float) -> float | None:
 def load_history(path: str | pathlib.Path) -> list[dict]:
     """The rows of a metrics.jsonl (or of run_dir/metrics.jsonl), one per step, in step order.
 
-    A repeated step keeps its last row. A truncated last line (the run was killed mid-write) is skipped.
+    Lines of the same step are merged, later values winning (evaluation logged after training, or
+    a step repeated after a resume). A truncated line (the run was killed mid-write) is skipped.
     """
     path = pathlib.Path(path)
     if path.is_dir():
@@ -127,7 +130,7 @@ def load_history(path: str | pathlib.Path) -> list[dict]:
             except json.JSONDecodeError:
                 logger.warning("%s:%d: skipping an unreadable line", path, number)
                 continue
-            rows[int(row["step"])] = row
+            rows.setdefault(int(row["step"]), {}).update(row)
     return [rows[s] for s in sorted(rows)]
 
 
@@ -176,7 +179,9 @@ class ConsoleTracker:
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         self._history.append({"step": step, **{k: metrics[k] for k in judge.KEYS if k in metrics}})
         del self._history[: -4 * self.judge_window]
-        if step % self.every == 0 or step == self.total_steps:
+        if metrics and all(k.startswith("eval/") for k in metrics):
+            self._write(logging.INFO, eval_line(step, metrics))
+        elif step % self.every == 0 or step == self.total_steps:
             self._write(logging.INFO, progress_line(step, self.total_steps, metrics))
         warning = judge.reward_hacking_warning(self._history, window=self.judge_window)
         rule = warning.split(":", 1)[0] if warning else None
@@ -215,6 +220,14 @@ def progress_line(step: int, total_steps: int | None, metrics: Mapping[str, floa
     if errors:
         parts.append(f"infra errors {errors:g}")
     return " | ".join(parts)
+
+
+def eval_line(step: int, metrics: Mapping[str, float]) -> str:
+    """The console line for an evaluation: the success rate of each env (`eval/<env>/success_rate`)."""
+    rates = {k.removeprefix("eval/").removesuffix("success_rate").rstrip("/") or "all": float(v)
+             for k, v in metrics.items() if k.endswith("success_rate")}
+    shown = " | ".join(f"{env} success {rate:.3f}" for env, rate in sorted(rates.items()))
+    return f"eval at step {step}: {shown or 'no success rates'}"
 
 
 def stdout_console(total_steps: int | None = None) -> ConsoleTracker:

@@ -73,5 +73,12 @@ def test_summary_numbers():
     no_eval = [{k: v for k, v in r.items() if k != "eval/success_rate"} for r in synthetic_history()]
     s = summarize(no_eval)
     assert s["success before"] == pytest.approx(0.15) and s["success after"] == pytest.approx(0.1 + 0.5 * 28 / 30)
+    # per-env evaluation keys, as the loop logs them
+    per_env = [{"step": r["step"], **({"eval/calc/success_rate": r["eval/success_rate"]} if "eval/success_rate" in r
+                                      else {})} for r in synthetic_history()]
+    s = summarize(per_env)
+    assert (s["success metric"], s["success before"], s["success after"]) == ("eval/calc/success_rate", 0.1, 0.5)
+    two = per_env + [{"step": 31, "eval/hard/success_rate": 0.2}]
+    assert summarize(two)["success after (eval/hard/success_rate)"] == 0.2
     text = format_summary({"steps": 3, "success after": 0.5, "loss": math.nan})
     assert text.splitlines() == ["steps          3", "success after  0.5", "loss           nan"]

@@ -6,6 +6,7 @@ that StreamMetrics delivers the steps the loop logs and ends with the run or whe
 and that standard tools can discover the service. Run: `.venv/bin/python -m pytest tests/controller/test_service.py`.
 """
 
+import dataclasses
 import threading
 import time
 
@@ -129,6 +130,27 @@ def test_run_status(served):
     assert s.latest_metrics == {"rollout/success_rate": 0.25, "learner/loss": -0.5}
     status.close()
     assert client.status().finished
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelWeightVersion:
+    """Same fields as model.weights.WeightVersion (importing it would pull in jax)."""
+
+    version: int
+    step: int
+    location: str
+    format: str
+    digest: str
+    created_at: float
+
+
+def test_run_status_takes_the_model_weight_version_dataclass(served):
+    _, status, client, _ = served
+    status.update(weights=ModelWeightVersion(4, 8, "/w/4", "hf_safetensors", "sha256:ab", 2.0))
+    assert client.status().weights == {"version": 4, "learner_step": 8, "location": "/w/4", "format": 2,
+                                       "digest": "sha256:ab", "created_unix_s": 2.0}
+    with pytest.raises(TypeError, match="unknown fields \\['steps'\\]"):
+        status.update(steps=3)
 
 
 def test_stream_metrics_delivers_steps_and_ends_with_the_run(served):

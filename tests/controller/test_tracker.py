@@ -38,11 +38,13 @@ def test_jsonl_appends_on_resume_and_history_keeps_last_row_per_step(tmp_path):
     resumed = JsonlTracker(tmp_path)  # a crash after step 3, resumed from a step-2 checkpoint
     resumed.log(3, {"reward/mean": 30})
     resumed.log(4, {"reward/mean": 40})
+    resumed.log(4, {"eval/calc/success_rate": 0.5})  # evaluation after step 4: merged into its row
     resumed.close()
     with (tmp_path / "metrics.jsonl").open("a") as f:
         f.write('{"step": 5, "rew')  # killed mid-write
     history = load_history(tmp_path)
     assert [(r["step"], r["reward/mean"]) for r in history] == [(1, 1), (2, 2), (3, 30), (4, 40)]
+    assert history[3]["eval/calc/success_rate"] == 0.5 and "eval/calc/success_rate" not in history[2]
 
 
 def _read_events(path):
@@ -92,6 +94,13 @@ def test_console_writes_a_line_per_step_and_warns_once_on_reward_hacking():
     # judge needs 8 steps: the first warning comes at step 8, and it is not repeated
     assert len(warnings) == 1 and warnings[0].startswith("WARNING step 8: reward rose while the true metric fell")
     assert console.warnings == [warnings[0].removeprefix("WARNING ")]
+
+
+def test_console_eval_line():
+    out = io.StringIO()
+    ConsoleTracker(total_steps=10, stream=out).log(5, {"eval/calc/success_rate": 0.45, "eval/calc/turns": 2.0,
+                                                       "eval/calc-hard/success_rate": 0.125})
+    assert out.getvalue() == "eval at step 5: calc success 0.450 | calc-hard success 0.125\n"
 
 
 def test_console_logs_through_logging_without_a_stream(caplog):
