@@ -35,7 +35,11 @@ def test_example_yaml_is_a_valid_calc_level_3_spec():
     assert (spec.name, spec.kind, spec.args["level"]) == ("calc-hard", "calc", 3)
     assert spec.budgets == api.Budgets(max_turns=4, max_new_tokens_per_turn=64, max_total_tokens=512)
     assert spec.reward == api.RewardWeights(outcome=1.0, format=0.1)
-    validate_env_spec(spec, known_kinds=("calc",))
+    validate_env_spec(spec)  # against the real built-in kinds
+    from sandbox.envs import generate_tasks
+
+    tasks = generate_tasks(spec)
+    assert len(tasks) == 256 and sum(t.split == "eval" for t in tasks) == 32  # eval_fraction 0.125
 
 
 def test_nested_yaml_becomes_dataclasses(tmp_path):
