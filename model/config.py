@@ -15,6 +15,8 @@ biases on o_proj / MLP, non-SiLU activations) are rejected loudly instead of ign
 Invariants (checked in `__post_init__`, errors name field, rule and value):
 - sizes are positive ints; `num_heads % num_kv_heads == 0` (grouped-query attention);
 - `head_dim` is derived as `hidden_size // num_heads` when None, and is even (RoPE);
+- `qkv_bias` is derived from `arch` when None and must agree with it (Qwen2 True, Llama
+  False), so every valid config exports to a HF layout;
 - `rope_scaling` is None or a mapping with `rope_type` in `ROPE_TYPES`; it is stored as a
   `flax.core.FrozenDict` (hashable, compares equal to the plain dict);
 - `dtype` is the compute dtype; parameters are always stored in `param_dtype` (float32).
@@ -91,8 +93,8 @@ class ModelConfig:
     """Epsilon inside RMSNorm's rsqrt."""
     tie_embeddings: bool = False
     """True: the LM head reuses the embedding matrix (no `lm_head` parameter)."""
-    qkv_bias: bool = False
-    """Bias on q/k/v projections (Qwen2 has it, Llama does not)."""
+    qkv_bias: bool | None = None
+    """Bias on q/k/v projections; None derives it from arch (Qwen2 has it, Llama does not)."""
     max_position_embeddings: int = 4096
     """Longest position the model is meant to see (informational; RoPE is not truncated)."""
     dtype: str = "float32"
@@ -137,6 +139,11 @@ class ModelConfig:
                              f"got {self.param_dtype!r}")
         if self.arch not in ARCHS:
             raise ValueError(f"ModelConfig.arch must be one of {ARCHS}, got {self.arch!r}")
+        if self.qkv_bias is None:
+            object.__setattr__(self, "qkv_bias", self.arch == "qwen2")
+        if self.qkv_bias != (self.arch == "qwen2"):
+            raise ValueError(f"ModelConfig.qkv_bias must be {self.arch == 'qwen2'} for arch "
+                             f"{self.arch!r} (the HF layout it exports to), got {self.qkv_bias!r}")
         for name in ("tie_embeddings", "qkv_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"ModelConfig.{name} must be a bool, "
@@ -207,7 +214,7 @@ class ModelConfig:
             rope_theta=theta,
             rope_scaling=rope,
             rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-            tie_embeddings=bool(hf.get("tie_word_embeddings", model_type == "qwen2")),
+            tie_embeddings=bool(hf.get("tie_word_embeddings", False)),  # HF's default
             qkv_bias=model_type == "qwen2",
             max_position_embeddings=hf.get("max_position_embeddings", 4096),
             dtype=dtype,
@@ -225,10 +232,7 @@ class ModelConfig:
     def to_hf(self, *, bos_token_id: int | None = None, eos_token_id: int | None = None,
               pad_token_id: int | None = None, torch_dtype: str = "float32") -> dict[str, Any]:
         """A HF `config.json` dict (classic `rope_theta` + `rope_scaling` layout, which both
-        transformers 4.x and 5.x read). Qwen2 requires `qkv_bias=True`; Llama requires False."""
-        if self.qkv_bias != (self.arch == "qwen2"):
-            raise ValueError(f"ModelConfig.qkv_bias must be {self.arch == 'qwen2'} to export "
-                             f"arch {self.arch!r}, got {self.qkv_bias!r}")
+        transformers 4.x and 5.x read)."""
         hf: dict[str, Any] = {
             "architectures": [_HF_ARCH[self.arch]],
             "model_type": self.arch,

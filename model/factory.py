@@ -138,7 +138,7 @@ def make_tiny_model(out_dir: str | Path, corpus: Iterable[str] | None = None, *,
             num_kv_heads=num_kv_heads, head_dim=head_dim, rope_theta=rope_theta,
             rope_scaling=rope_scaling,
             tie_embeddings=(arch == "qwen2") if tie_embeddings is None else tie_embeddings,
-            qkv_bias=arch == "qwen2", max_position_embeddings=max_position_embeddings,
+            max_position_embeddings=max_position_embeddings,
             arch=arch)
         params = init_params(config, jax.random.key(seed))
         save_hf(out_dir, config, params, tokenizer_dir=tmp,

@@ -33,7 +33,7 @@ def _setup(make_config, random_params, **overrides):
 
 
 def test_cache_decode_matches_full_forward_with_ragged_rows(make_config, random_params):
-    config, params = _setup(make_config, random_params, qkv_bias=True, rope_scaling={
+    config, params = _setup(make_config, random_params, arch="qwen2", rope_scaling={
         "rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
         "high_freq_factor": 4.0, "original_max_position_embeddings": 8})
     b, t, max_len = 3, 10, 16
@@ -111,7 +111,7 @@ def test_token_logprobs_is_shifted_temperature_log_softmax(make_config, random_p
 
 def test_param_logical_axes_match_params_and_use_agreed_names(make_config):
     for tie in (True, False):
-        config = make_config(tie_embeddings=tie, qkv_bias=not tie)
+        config = make_config(tie_embeddings=tie, arch="llama" if tie else "qwen2")
         params = jax.eval_shape(lambda: decoder.init_params(config, jax.random.key(0)))
         axes = decoder.param_logical_axes(config)
         is_spec = lambda x: isinstance(x, PartitionSpec)  # noqa: E731

@@ -25,6 +25,7 @@ LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
     ({"head_dim": 7}, "head_dim must be a positive even int"),
     ({"dtype": "float16"}, r"dtype must be one of \('float32', 'bfloat16'\), got 'float16'"),
     ({"arch": "gpt2"}, r"arch must be one of \('llama', 'qwen2'\), got 'gpt2'"),
+    ({"arch": "llama", "qkv_bias": True}, "qkv_bias must be False for arch 'llama'"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 2.0}},
      r"rope_scaling\['rope_type'\] must be one of \('default', 'linear', 'llama3'\), got 'yarn'"),
     ({"rope_scaling": {"rope_type": "linear"}},
@@ -38,6 +39,7 @@ def test_validation_names_field_rule_and_value(make_config, overrides, message):
 def test_derived_head_dim_and_hashable(make_config):
     config = make_config(rope_scaling=LLAMA3)
     assert config.head_dim == 32 // 4
+    assert config.qkv_bias is False and make_config(arch="qwen2").qkv_bias is True
     assert hash(config) == hash(make_config(rope_scaling=dict(LLAMA3)))
     assert config == make_config(head_dim=8, rope_scaling=LLAMA3)
     assert config.rope_scaling == LLAMA3
