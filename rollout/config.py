@@ -77,6 +77,9 @@ class AgentConfig:
     max_repeated_calls: int = 3
     """The same call (name and arguments) with the same observation this many times in a row
     ends the episode as INVALID_LOOP (no progress)."""
+    plain_reply_is_answer: bool = True
+    """A policy turn without any <tool_call> ends the episode and its text is the answer (chat
+    semantics); False treats it as a malformed call (an error observation, counted)."""
     env_call_timeout_s: float = 30.0
     """Deadline of every env call (reset, step, outcome); a miss is an ENV_TIMEOUT infra error."""
     generate_timeout_s: float = 300.0
@@ -84,8 +87,9 @@ class AgentConfig:
     tool_schema: str = "compact"
     """How tools are listed in the system prompt: 'compact' (one line per tool: name and
     argument names) or 'json' (full OpenAI function JSON, one per line)."""
-    system_prompt: str = "You are a helpful assistant that solves tasks by calling tools."
-    """First line of the system message; the tool list and call format follow it."""
+    system_prompt: str = "Solve the task with tools."
+    """First line of the system message; the tool list and call format follow it (keep it
+    short: every prompt token is prefilled for every sample)."""
 
     def __post_init__(self) -> None:
         owner = "AgentConfig"

@@ -165,6 +165,11 @@ class JaxEngine:
         return self._version
 
     @property
+    def max_context(self) -> int:
+        """Longest prompt + output one request may reach (tokens)."""
+        return self.config.max_seq_len
+
+    @property
     def healthy(self) -> bool:
         return self._error is None and not self._closed and self._thread.is_alive()
 
