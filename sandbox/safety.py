@@ -30,7 +30,7 @@ _NETWORK_ERRORS = re.compile(
     re.IGNORECASE,
 )
 _NETWORK_COMMANDS = re.compile(
-    r"\b(curl|wget|nc|ncat|netcat|ssh|scp|telnet|ping|ftp)\b|https?://|\bsocket\.(socket|create_connection)"
+    r"(?<![\w./-])(curl|wget|nc|ncat|netcat|ssh|scp|telnet|ping|ftp)(?![\w./-])|https?://|\bsocket\.(socket|create_connection)"
     r"|\burllib\.request\b|\brequests\.(get|post)\b|\bhttp\.client\b",
 )
 _HOST_PRIVATE_PATHS = re.compile(r"(?<![\w.])(/root\b|/home/|~/|/etc/shadow|/etc/sudoers|/proc/1/|/var/run/secrets)")

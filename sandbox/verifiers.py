@@ -191,10 +191,15 @@ def reward_model_score(scorer: str, prompt: str, transcript: str, timeout_s: flo
 # ---------------------------------------------------------------------------------------------
 # code: unit tests in a fresh sandbox, compared on the host
 
+CASE_TIMEOUT_S = 1.0  # per test case; the first case over it fails itself and every case after it
+
 _HARNESS = r'''
-import json, sys
+import json, signal, sys
 cases = json.loads(sys.stdin.read())
 results = []
+def _timeout(signum, frame):
+    raise TimeoutError("case timed out")
+signal.signal(signal.SIGALRM, _timeout)
 try:
     import solution
     fn = getattr(solution, FUNCTION)
@@ -203,10 +208,15 @@ except BaseException as e:
     sys.exit(0)
 for args in cases:
     try:
+        signal.setitimer(signal.ITIMER_REAL, CASE_TIMEOUT)
         value = fn(*args)
+        signal.setitimer(signal.ITIMER_REAL, 0)
         json.dumps(value)
         results.append({"value": value})
+    except TimeoutError:
+        break
     except BaseException as e:
+        signal.setitimer(signal.ITIMER_REAL, 0)
         results.append({"error": repr(e)[:200]})
 print(json.dumps({"results": results}))
 '''
@@ -216,15 +226,16 @@ def run_function_tests(pool, source: str, function: str, cases: list[dict], wall
     """Pass/fail per case ({"args": [...], "expected": ...}) of `function` from `source`.
 
     Runs in a fresh one-shot sandbox from `pool`; only the inputs go in, the comparison with the
-    expected values happens here. A solution that hangs, crashes or prints garbage fails its
-    cases (the agent's fault); a sandbox that cannot run at all raises EnvInfraError.
+    expected values happens here. A solution that hangs (past CASE_TIMEOUT_S on a case, or the
+    whole run past `wall_s`), crashes or prints garbage fails its cases (the agent's fault); a
+    sandbox that cannot run at all raises EnvInfraError.
     """
     if not cases:
         return []
     sandbox = pool.acquire(warm=False)
     try:
         (sandbox.workspace / "solution.py").write_text(source)
-        harness = _HARNESS.replace("FUNCTION", repr(function))
+        harness = _HARNESS.replace("FUNCTION", repr(function)).replace("CASE_TIMEOUT", repr(CASE_TIMEOUT_S))
         stdin = json.dumps([c["args"] for c in cases])
         ran = sandbox.run(sandbox.pool.isolator.python_argv(harness), wall_s, stdin=stdin)
     finally:
@@ -234,8 +245,9 @@ def run_function_tests(pool, source: str, function: str, cases: list[dict], wall
     except (ValueError, IndexError):
         report = {}
     results = report.get("results") if isinstance(report, dict) else None
-    if not isinstance(results, list) or len(results) != len(cases):
+    if not isinstance(results, list) or len(results) > len(cases):
         return [False] * len(cases)
+    results = results + [{}] * (len(cases) - len(results))  # cases after a timeout fail
     # Compare through JSON so tuples/lists and int/float spellings agree with the expected values.
     return [isinstance(r, dict) and "value" in r and r["value"] == json.loads(json.dumps(c["expected"]))
             for r, c in zip(results, cases)]

@@ -6,7 +6,7 @@ only in `Task.verifier` and never reach the prompt or the reward. Tools: `python
 in the sandbox), `write_file`, `read_file`, `answer`. The agent submits the function's source
 with `answer`, or writes it to `solution.py` and answers "solution.py".
 
-Scoring (both run in a fresh one-shot sandbox, see `verifiers.run_function_tests`):
+Scoring (one run in a fresh one-shot sandbox, see `verifiers.run_function_tests`):
 - outcome: fraction of visible cases passed; verified when all pass
 - true_metric: fraction of hidden cases passed
 
@@ -137,9 +137,11 @@ class CodeEnv(BuiltinEnv):
         if pool is None:
             from sandbox.pool import get_pool
             pool = get_pool(self.config)
-        wall_s = self.config.verifier_timeout_s
-        visible = verifiers.run_function_tests(pool, source, verifier["function"], list(verifier["visible"]), wall_s)
-        hidden = verifiers.run_function_tests(pool, source, verifier["function"], list(verifier["hidden"]), wall_s)
+        visible_cases, hidden_cases = list(verifier["visible"]), list(verifier["hidden"])
+        # One run for both: the hidden inputs enter the sandbox, their expected values never do.
+        passed = verifiers.run_function_tests(pool, source, verifier["function"], visible_cases + hidden_cases,
+                                              self.config.verifier_timeout_s)
+        visible, hidden = passed[:len(visible_cases)], passed[len(visible_cases):]
         outcome = sum(visible) / len(visible) if visible else 0.0
         true_metric = sum(hidden) / len(hidden) if hidden else 0.0
         return Score(outcome, true_metric, bool(visible) and all(visible))
