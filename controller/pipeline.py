@@ -31,7 +31,7 @@ from controller.registry import EnvRegistry
 from controller.report import write_report
 from controller.service import RunStatus, serve_controller
 from controller.tasks import TaskSource
-from controller.tracker import ConsoleTracker, JsonlTracker, MultiTracker, TensorBoardTracker
+from controller.tracker import load_history, ConsoleTracker, JsonlTracker, MultiTracker, TensorBoardTracker
 from learner.learner import Learner
 from learner.sharding import make_mesh
 from model.hf_io import load_hf
@@ -62,6 +62,7 @@ class Pipeline:
     port: int
     version: WeightVersion
     step: int = 0
+    resumed: bool = False
     rng: np.random.Generator = dataclasses.field(default_factory=lambda: np.random.default_rng(0))
     history: list[dict[str, float]] = dataclasses.field(default_factory=list)
     evals: dict[str, list[tuple[int, float]]] = dataclasses.field(default_factory=dict)
@@ -77,12 +78,24 @@ class Pipeline:
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config_lib.to_dict(config), sort_keys=False))
         env_spec = warmstart.default_env_spec(config.env)
         model_dir = warmstart.ensure_model(config.model, run_dir, env_spec)
-        model_config, params = load_hf(model_dir)
         mesh = make_mesh(config.mesh or None)
-        learner = Learner(config.learner, model_config, params, mesh)
-
         registry = EnvRegistry()
-        registry.submit(env_spec, step=0)
+        tasks = TaskSource(config.seed)
+        version = WeightVersion(version=0, step=0, location=str(model_dir), format="hf_safetensors",
+                                digest="", created_at=time.time())
+        checkpoints = run_dir / "checkpoints"
+        start_step, resumed = 0, False
+        if config.resume and Learner.latest_step(checkpoints) is not None:
+            learner, extra = Learner.restore(checkpoints, mesh=mesh, config=config.learner)
+            registry.load_state(extra["registry"])
+            tasks.load_state(extra["tasks"], {s.name: s for s in registry.active_specs()})
+            version = WeightVersion.from_dict(extra["weights"])
+            start_step, resumed = int(extra["step"]), True
+            logger.info("resumed at step %d (weights version %d) from %s", start_step, version.version, checkpoints)
+        else:
+            model_config, params = load_hf(model_dir)
+            learner = Learner(config.learner, model_config, params, mesh)
+            registry.submit(env_spec, step=0)
         status = RunStatus(total_steps=config.steps, mode=config.mode)
         server, port = serve_controller(registry, status, config.listen)
         logger.info("ControllerService listening on %s", f"{config.listen.rsplit(':', 1)[0]}:{port}")
@@ -92,34 +105,47 @@ class Pipeline:
         fleet.start()
         status.update(rollout_workers=fleet.size)
         tracker = MultiTracker([JsonlTracker(run_dir), TensorBoardTracker(run_dir), ConsoleTracker(config.steps)])
-        initial = WeightVersion(version=0, step=0, location=str(model_dir), format="hf_safetensors",
-                                digest="", created_at=time.time())
-        return cls(config, run_dir, model_dir, learner, fleet, registry, TaskSource(config.seed), tracker,
-                   status, server, port, initial, rng=np.random.default_rng(config.seed))
+        return cls(config, run_dir, model_dir, learner, fleet, registry, tasks, tracker, status, server, port,
+                   version, step=start_step, resumed=resumed,
+                   rng=np.random.default_rng([config.seed, start_step]))
 
     def close(self) -> None:
         self.status.close()
         self.fleet.close()
         self.server.stop(grace=1.0)
         self.tracker.close()
+        self.learner.close()
 
     # -- before RL ---------------------------------------------------------------------------
 
     def prepare(self) -> None:
-        """Warm-start the policy on demonstrations, publish it, and measure where RL starts."""
+        """Warm-start the policy on demonstrations (or resume), publish it, and measure where RL starts.
+
+        The warm start uses its own optimiser (constant `warm_start.learning_rate`); RL then
+        starts a fresh one whose reference policy is the warm-started model.
+        """
+        if not self.resumed and self.config.warm_start.steps > 0:
+            self._warm_start()
+        self.publish()
+        if not self.resumed:
+            self.summary["eval_before"] = self.evaluate(-1)
+
+    def _warm_start(self) -> None:
         spec = self.registry.active_specs()[0]
         warm = self.config.warm_start
-        if warm.steps > 0:
-            tokenizer_dir = self.model_dir
-            demos = warmstart.demonstrations(tokenizer_dir, spec, self.tasks.train_tasks(spec))
-            t0 = time.perf_counter()
-            for i, batch in enumerate(warmstart.sft_batches(demos, warm, self.learner.row_multiple, self.config.seed)):
-                metrics = self.learner.sft_step(batch)
-                if (i + 1) % 25 == 0:
-                    logger.info("warm start %d/%d: loss %.3f", i + 1, warm.steps, metrics.get("learner/loss", float("nan")))
-            logger.info("warm start: %d supervised steps in %.0fs", warm.steps, time.perf_counter() - t0)
-        self.publish()
-        self.summary["eval_before"] = self.evaluate(-1)
+        demos = warmstart.demonstrations(self.model_dir, spec, self.tasks.train_tasks(spec))
+        sft = Learner(dataclasses.replace(self.config.learner, loss="sft", learning_rate=warm.learning_rate,
+                                          warmup_steps=0, schedule="constant", kl_coef=0.0),
+                      self.learner.model_config, self.learner.params, self.learner.mesh)
+        t0 = time.perf_counter()
+        for i, batch in enumerate(warmstart.sft_batches(demos, warm, sft.row_multiple, self.config.seed)):
+            metrics = sft.sft_step(batch)
+            if (i + 1) % 25 == 0 or i + 1 == warm.steps:
+                logger.info("warm start %d/%d: loss %.3f (%.0fs)", i + 1, warm.steps,
+                            metrics.get("learner/loss", float("nan")), time.perf_counter() - t0)
+        self.learner.close()
+        self.learner = Learner(self.config.learner, sft.model_config, sft.params, sft.mesh)
+        sft.close()
 
     # -- per step ----------------------------------------------------------------------------
 
@@ -164,23 +190,30 @@ class Pipeline:
     def publish(self) -> float:
         """Snapshot the learner's weights as the next version and load it on every worker."""
         t0 = time.perf_counter()
+        sglang = self.config.fleet.engine == "sglang"
         version = self.learner.publish(self.run_dir / "weights", self.version.version + 1,
-                                       hf=self.config.fleet.engine == "sglang")
+                                       format="hf_safetensors" if sglang else "orbax",
+                                       tokenizer_dir=self.model_dir if sglang else None)
         self.fleet.update_weights(version)
         self.version = version
         self.status.update(weights=version)
         return time.perf_counter() - t0
 
     def finish_step(self, step: int, metrics: dict[str, float], trained: list[Trajectory]) -> None:
+        with open(self.run_dir / "trajectories.jsonl", "a") as log:
+            for t in trained:  # what was trained on, with the versions of its tokens (staleness audits)
+                versions = sorted({v for turn in t.policy_turns for v in turn.versions})
+                log.write(json.dumps({
+                    "step": step, "learner_version": self.version.version - 1, "trajectory_id": t.trajectory_id,
+                    "group_id": t.group_id, "env": t.env_name, "task_id": t.task_id, "versions": versions,
+                    "reward": t.reward, "true_metric": t.true_metric, "termination": t.termination.value,
+                    "turns": len(t.policy_turns), "policy_tokens": t.num_policy_tokens}) + "\n")
         for age, count in stats.staleness_histogram(trained, self.version.version - 1).items():
             self.staleness[age] = self.staleness.get(age, 0) + count
         metrics = {k: float(v) for k, v in metrics.items()}
         self.history.append({"step": step, **metrics})
         self.tracker.log(step, metrics)
-        self.status.log(step, metrics)
-        warning = reward_hacking_warning(self.history)
-        if warning:
-            logger.warning("step %d: %s", step, warning)
+        self.status.log(step, metrics)  # the console tracker warns of reward hacking as it happens
         self.step = step + 1
 
     # -- periodic ----------------------------------------------------------------------------
@@ -240,7 +273,7 @@ class Pipeline:
             "reward_hacking_warning": reward_hacking_warning(self.history) or "",
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        report = write_report(self.run_dir, self.history, summary, self.staleness)
+        report = write_report(self.run_dir, load_history(self.run_dir), summary, self.staleness)
         print(format_summary(summary, report))
         return summary
 

@@ -61,6 +61,7 @@ def rollout_metrics(trajectories: list[Trajectory], learner_version: int, prefix
     if prefix == "rollout":
         metrics["reward/mean"] = float(rewards.mean())
         metrics["reward/std"] = float(rewards.std())
+        metrics["reward/true_metric"] = float(truth.mean())
         metrics["reward/true_metric_corr"] = correlation(rewards, truth)
         if len(staleness):
             metrics["staleness/mean"] = float(staleness.mean())
