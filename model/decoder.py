@@ -12,7 +12,8 @@ rollout engine can `jax.jit` them with `config` static:
     init_cache(config, batch, max_len, dtype=None) -> cache
     forward_with_cache(params, config, tokens_bt, positions_bt, cache) -> (logits_btv, cache)
     token_logprobs(params, config, tokens_bt, attention_mask_bt=None, temperature=1.0)
-    logprobs_from_logits(logits_btv, targets_bt, temperature=1.0)
+        -> logprobs [b, t-1]; entry i scores tokens[:, i+1] under the logits at i
+    logprobs_from_logits(logits_btv, targets_bt, temperature=1.0) -> [b, t]
 
 What it is not: a sampler (the rollout engine owns sampling and slot bookkeeping), and not
 sharding policy: parameters carry only logical axis names ('vocab', 'embed', 'mlp', 'heads',
@@ -43,7 +44,9 @@ Invariants:
   then attends to slots <= its own position. The cache therefore must hold the row's
   tokens at every slot below the query's position; rows are independent (ragged lengths,
   continuous batching). A token with position < 0 writes nothing (use it for padding;
-  its logits are meaningless). Two tokens of one row must not share a position in one call.
+  its logits are finite but meaningless). Two tokens of one row must not share a position
+  in one call. The cache-vs-forward equality (1e-5) is tested in float32 on CPU; on GPUs
+  the default float32 matmul precision may be reduced (TF32), which loosens it.
 - behaviour logprobs are defined once, by `logprobs_from_logits`: log softmax of
   logits / temperature, i.e. the distribution actually sampled from.
 """
