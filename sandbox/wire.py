@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from google.protobuf import json_format, struct_pb2
 
-from orrery.v1 import env_pb2, trajectory_pb2
+from orrery.v1 import env_pb2, env_service_pb2, trajectory_pb2
 from sandbox import api
 
 
@@ -261,3 +261,48 @@ def infra_error_from_proto(value: int) -> api.InfraErrorClass:
     if value not in _INFRA_FROM_PROTO:
         raise ValueError(f"infra_error: unknown InfraErrorClass value {value}")
     return _INFRA_FROM_PROTO[value]
+
+
+# --- EnvService replies (used by sandbox/service.py and sandbox/client.py) -------------------
+
+
+def args_to_proto(args: Mapping[str, Any]) -> struct_pb2.Struct:
+    """Env arguments (plain JSON) as a Struct."""
+    return _struct(args)
+
+
+def args_from_proto(message: struct_pb2.Struct) -> dict[str, Any]:
+    return _unstruct(message)
+
+
+def step_result_to_proto(step: api.StepResult) -> env_service_pb2.StepResponse:
+    response = env_service_pb2.StepResponse(
+        observation=step.observation,
+        result=tool_result_to_proto(step.result),
+        side_effects=[file_change_to_proto(c) for c in step.side_effects],
+        safety_violations=[violation_to_proto(v) for v in step.safety_violations],
+        done=step.done,
+    )
+    if step.verdict is not None:
+        response.verdict.CopyFrom(verdict_to_proto(step.verdict))
+    return response
+
+
+def step_result_from_proto(m: env_service_pb2.StepResponse) -> api.StepResult:
+    return api.StepResult(
+        observation=m.observation,
+        result=tool_result_from_proto(m.result),
+        side_effects=tuple(file_change_from_proto(c) for c in m.side_effects),
+        verdict=verdict_from_proto(m),
+        safety_violations=tuple(violation_from_proto(v) for v in m.safety_violations),
+        done=m.done,
+    )
+
+
+def outcome_to_proto(outcome: api.Outcome) -> env_service_pb2.ScoreResponse:
+    return env_service_pb2.ScoreResponse(reward_components=dict(outcome.reward_components),
+                                         true_metric=outcome.true_metric, verified=outcome.verified)
+
+
+def outcome_from_proto(m: env_service_pb2.ScoreResponse) -> api.Outcome:
+    return api.Outcome(reward_components=dict(m.reward_components), true_metric=m.true_metric, verified=m.verified)
