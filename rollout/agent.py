@@ -123,6 +123,7 @@ class AgentLoop:
     open_env: OpenEnv
     config: AgentConfig = AgentConfig()
     max_context: int | None = None  # context limit in tokens; None: the engine's `max_context`
+    seed: int = 0  # the worker's seed, mixed into every sample's sampling seed
 
     def run_group(self, request: GroupRequest, abort: threading.Event | None = None,
                   deadline_s: float | None = None) -> Iterator[Trajectory]:
@@ -161,7 +162,8 @@ class _Episode:
         self.spec, self.task = request.env, request.task
         self.budgets = request.env.budgets
         self.trajectory_id = f"{request.group_id}:{request.attempt}:{index}"
-        self.seed = derive_seed(request.sampling.seed, request.group_id, request.attempt, index)
+        self.seed = derive_seed(loop.seed, request.sampling.seed, request.group_id,
+                                request.attempt, index)
         self.sampling = apply_overrides(request.sampling, request.env.sampling)
         self.turns: list[Turn] = []
         self.context: list[int] = []

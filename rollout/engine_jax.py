@@ -57,7 +57,7 @@ from model.config import ModelConfig
 from model.decoder import init_cache
 from model.weights import WeightVersion, load_snapshot
 from rollout import engine_steps
-from rollout.api import EngineError, FinishReason, Generation, GenerationRequest
+from rollout.api import EngineError, FinishReason, Generation, GenerationRequest, SamplingParams
 from rollout.config import JaxEngineConfig
 
 logger = logging.getLogger(__name__)
@@ -187,6 +187,16 @@ class JaxEngine:
         """Sample every request to completion; order matches input."""
         futures = [self.submit(r) for r in requests]
         return [f.result() for f in futures]
+
+    def warmup(self) -> float:
+        """Compile the decode step and the smallest prefill before serving; returns seconds."""
+        start = time.perf_counter()
+        steps = self.config.decode_steps_per_call
+        self.generate([GenerationRequest("warmup", (0, 0), SamplingParams(
+            temperature=0.0, max_new_tokens=min(steps + 1, self.config.max_seq_len - 2)))])
+        self.stats.clear()
+        logger.info("JaxEngine warm in %.1fs", time.perf_counter() - start)
+        return time.perf_counter() - start
 
     def abort(self, request_ids: Sequence[str]) -> None:
         """Finish these requests now with FinishReason.ABORT (tokens so far are returned)."""

@@ -1,0 +1,128 @@
+"""Rollout worker process: `python -m rollout.server --engine jax --listen 127.0.0.1:0 --model DIR`.
+
+Thin: parse flags into a `RolloutConfig`, build the engine and agent loop, serve
+RolloutService (+ health + reflection) until SIGTERM/SIGINT. It logs and prints the bound
+address ("rollout server <worker-id> listening on HOST:PORT"); `--listen HOST:0` picks a free
+port, and `--port-file F` receives that port (written atomically) once the engine has compiled
+its first shapes and the server accepts calls.
+
+Engines: `jax` (the embedded JaxEngine on the HF folder `--model`), `fake` (FakeEngine, for
+tests of the controller; `--model` still supplies the tokenizer), `sglang` (built by
+`rollout.sglang.build_engine(args)`, owned by the SGLang engine's module). Envs are opened with
+`sandbox.client.open_env` (built-in kinds and remote EnvServices).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+
+from rollout.config import ENGINES, AgentConfig, JaxEngineConfig, RolloutConfig
+
+logger = logging.getLogger("rollout.server")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Orrery rollout worker (RolloutService over gRPC).")
+    p.add_argument("--engine", default="jax", choices=ENGINES)
+    p.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT; port 0 picks a free one")
+    p.add_argument("--model", required=True, help="HF model folder (config, safetensors, tokenizer)")
+    p.add_argument("--worker-id", default="rollout-0")
+    p.add_argument("--port-file", help="write the bound port here once serving")
+    p.add_argument("--slots", type=int, default=JaxEngineConfig.slots, help="decode batch (jax)")
+    p.add_argument("--max-seq-len", type=int, default=JaxEngineConfig.max_seq_len)
+    p.add_argument("--prefill-buckets", default=",".join(map(str, JaxEngineConfig.prefill_buckets)),
+                   help="comma-separated prefill lengths (jax)")
+    p.add_argument("--decode-steps", type=int, default=JaxEngineConfig.decode_steps_per_call)
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--interrupt-on-update", action="store_true",
+                   help="switch weights mid-request instead of draining (jax)")
+    p.add_argument("--max-concurrent-groups", type=int, default=RolloutConfig.max_concurrent_groups)
+    p.add_argument("--seed", type=int, default=0, help="mixed into every sample's sampling seed")
+    p.add_argument("--sglang-url", default="", help="SGLang server URL (engine sglang)")
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+def config_from_args(args: argparse.Namespace) -> RolloutConfig:
+    buckets = tuple(int(b) for b in args.prefill_buckets.split(",") if b)
+    jax_config = JaxEngineConfig(slots=args.slots, max_seq_len=args.max_seq_len,
+                                 prefill_buckets=tuple(b for b in buckets if b <= args.max_seq_len),
+                                 decode_steps_per_call=args.decode_steps, dtype=args.dtype,
+                                 interrupt_on_update=args.interrupt_on_update)
+    return RolloutConfig(engine=args.engine, worker_id=args.worker_id, jax=jax_config,
+                         agent=AgentConfig(), max_concurrent_groups=args.max_concurrent_groups)
+
+
+def build_engine(args: argparse.Namespace, config: RolloutConfig):
+    if config.engine == "jax":
+        from rollout.engine_jax import JaxEngine
+
+        engine = JaxEngine.from_hf_dir(args.model, config.jax)
+        engine.warmup()
+        return engine
+    if config.engine == "fake":
+        from rollout.fake import FakeEngine
+
+        return FakeEngine()
+    from rollout import sglang  # the SGLang engine's module builds itself from these flags
+
+    return sglang.build_engine(args)
+
+
+def _open_env():
+    try:
+        from sandbox.client import open_env
+    except ImportError:  # until sandbox.client lands: built-in kinds only
+        from sandbox.envs import make_env
+
+        logger.warning("sandbox.client is missing; serving built-in env kinds only")
+        return make_env
+    return open_env
+
+
+def _write_port(path: str, port: int) -> None:
+    tmp = Path(f"{path}.tmp{os.getpid()}")
+    tmp.write_text(f"{port}\n")
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = config_from_args(args)
+
+    from model.tokenizer import Tokenizer
+    from rollout.agent import AgentLoop
+    from rollout.service import serve
+    from rollout.worker import RolloutWorker
+
+    engine = build_engine(args, config)
+    agent = AgentLoop(engine, Tokenizer.from_dir(args.model), _open_env(), config.agent,
+                      seed=args.seed)
+    running = serve(RolloutWorker(engine, agent, config), args.listen)
+    host = args.listen.rsplit(":", 1)[0]
+    logger.info("rollout server %s (%s engine) listening on %s:%d", config.worker_id,
+                config.engine, host, running.port)
+    print(f"rollout server {config.worker_id} listening on {host}:{running.port}", flush=True)
+    if args.port_file:
+        _write_port(args.port_file, running.port)
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    logger.info("stopping (grace %.1fs)", config.shutdown_grace_s)
+    running.stop(config.shutdown_grace_s)
+    close = getattr(engine, "close", None)
+    if close is not None:
+        close()
+
+
+if __name__ == "__main__":
+    main()
