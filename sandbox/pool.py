@@ -7,8 +7,8 @@ Layout on disk, one directory per sandbox under `SandboxConfig.root_dir`:
     <root>/<sandbox id>/server.log   the warm server's stderr
 
 `acquire()` hands out a ready sandbox (or makes one) and the maintenance thread refills the pool
-in the background, so a lease costs a list pop. `release()` kills the sandbox's processes and
-deletes its directory. A lease older than its TTL is expired by the maintenance thread: its
+in the background, so a lease costs a list pop. `release()` kills the sandbox's processes at
+once and leaves reaping them and deleting the directory to the maintenance thread. A lease older than its TTL is expired by the maintenance thread: its
 processes are killed and its directory removed; the holder's next call raises EnvInfraError.
 The reaper also removes directories whose holder process is gone (a crashed worker): its
 sandboxes died with it (parent-death signal), only the files were left.
@@ -112,9 +112,9 @@ class Sandbox:
             self._server.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def release(self) -> None:
-        """Kill its processes and delete its files. Safe to call twice."""
-        self.pool.release(self)
+    def release(self, wait: bool = False) -> None:
+        """Kill its processes; delete its files now (wait=True) or in the background. Safe to call twice."""
+        self.pool.release(self, wait)
 
 
 class SandboxPool:
@@ -133,6 +133,7 @@ class SandboxPool:
         self._uids = itertools.cycle(range(offset, offset + _UIDS_PER_PROCESS)) if can_switch_uid else None
         self._ready: list[Sandbox] = []
         self._leased: dict[str, Sandbox] = {}
+        self._to_destroy: list[Sandbox] = []
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = False
@@ -162,13 +163,21 @@ class SandboxPool:
             self._leased[sandbox.id] = sandbox
         return sandbox
 
-    def release(self, sandbox: Sandbox) -> None:
+    def release(self, sandbox: Sandbox, wait: bool = False) -> None:
+        """Kill the sandbox's processes now; reap them and delete its files now (wait) or in the background."""
         with self._lock:
             if sandbox.released:
                 return
             sandbox.released = True
             self._leased.pop(sandbox.id, None)
-        sandbox.destroy()
+            if not wait:
+                self._to_destroy.append(sandbox)
+        if wait:
+            sandbox.destroy()
+            return
+        if sandbox._server is not None:
+            sandbox._server.kill()
+        self._wake.set()
 
     def _maintain(self) -> None:
         while not self._closed:
@@ -176,6 +185,10 @@ class SandboxPool:
             self._wake.clear()
             if self._closed:
                 return
+            with self._lock:
+                doomed, self._to_destroy = self._to_destroy, []
+            for sandbox in doomed:
+                sandbox.destroy()
             self.expire_leases()
             while self.warm and not self._closed:
                 with self._lock:
@@ -210,8 +223,8 @@ class SandboxPool:
         self._wake.set()
         self._thread.join(timeout=5)
         with self._lock:
-            sandboxes = self._ready + list(self._leased.values())
-            self._ready, self._leased = [], {}
+            sandboxes = self._ready + list(self._leased.values()) + self._to_destroy
+            self._ready, self._leased, self._to_destroy = [], {}, []
         for s in sandboxes:
             s.released = True
             s.destroy()

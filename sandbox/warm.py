@@ -52,6 +52,11 @@ class WarmServer:
             self._proc = spawn(argv, limits=None, uid=self.uid, stdin=subprocess.PIPE, stderr=log_file)
         self._ready, self._buffer = False, b""
 
+    def kill(self) -> None:
+        """SIGKILL the sandbox now; `stop()` later reaps it."""
+        if self._proc is not None:
+            kill_tree(self._proc)
+
     def stop(self) -> None:
         if self._proc is not None:
             kill_tree(self._proc)

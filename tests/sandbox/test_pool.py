@@ -37,7 +37,7 @@ def test_leases_are_private_and_cleaned_up(pool):
     assert lease["pid"] == os.getpid() and lease["expiry"] > time.time()
     a.run_shell("echo private > mine", 5)
     assert "No such file" in b.run_shell("cat mine", 5).stderr
-    a.release()
+    a.release(wait=True)
     a.release()  # twice is fine
     assert not a.dir.exists()
     with pytest.raises(EnvInfraError):
