@@ -49,11 +49,12 @@ import resource
 import selectors
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Sequence
 
-from sandbox.api import ToolResult
+from sandbox.api import EnvInfraError, InfraErrorClass, ToolResult
 from sandbox.config import SandboxConfig
 from sandbox.tools import WORKSPACE_MOUNT
 
@@ -153,11 +154,12 @@ def _preexec(limits: Limits | None, uid: int | None):
 
 def spawn(argv: Sequence[str], *, limits: Limits | None, uid: int | None, cwd: str | None = None,
           env: dict | None = None, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-          stderr=subprocess.PIPE) -> subprocess.Popen:
+          stderr=subprocess.PIPE, pass_fds: Sequence[int] = ()) -> subprocess.Popen:
     """Start `argv` in a new session from the spawner thread, with rlimits and as `uid`."""
     def start() -> subprocess.Popen:
         return subprocess.Popen(list(argv), stdin=stdin, stdout=stdout, stderr=stderr, cwd=cwd, env=env,
-                                start_new_session=True, close_fds=True, preexec_fn=_preexec(limits, uid))
+                                start_new_session=True, close_fds=True, pass_fds=tuple(pass_fds),
+                                preexec_fn=_preexec(limits, uid))
     return _SPAWNER.submit(start).result()
 
 
@@ -271,6 +273,15 @@ def capture(proc: subprocess.Popen, limits: Limits, started: float) -> ExecResul
                       time.monotonic() - started, cpu_s, truncated)
 
 
+def _feed(pipe, data: bytes) -> None:
+    """Write a program's stdin from a side thread: a program that never reads cannot block the host."""
+    try:
+        pipe.write(data)
+        pipe.close()
+    except (BrokenPipeError, OSError, ValueError):
+        pass
+
+
 # ---------------------------------------------------------------------------------------------
 # the isolator: builds bwrap command lines and runs one-shot ("cold") commands
 
@@ -354,19 +365,35 @@ class Isolator:
 
     def run(self, argv: Sequence[str], workspace: Path, uid: int | None, limits: Limits,
             stdin: bytes | None = None) -> ExecResult:
-        """Run one command in a fresh sandbox over `workspace` (a "cold" start). Never raises for the program."""
+        """Run one command in a fresh sandbox over `workspace` (a "cold" start). Never raises for the program.
+
+        Raises EnvInfraError(SANDBOX_CRASH) when bubblewrap itself fails to set the sandbox up: its
+        status fd (which the program never sees) then lacks the exit-code record, so a program
+        cannot fake an infra error by printing bwrap-like messages.
+        """
         self.warn_if_unisolated()
         full, cwd, env = self.command(argv, workspace)
+        status_r = status_w = None
+        if self.isolated:
+            status_r, status_w = os.pipe()
+            full = [full[0], "--json-status-fd", str(status_w)] + full[1:]
         started = time.monotonic()
-        proc = spawn(full, limits=limits, uid=uid, cwd=cwd, env=env,
-                     stdin=subprocess.PIPE if stdin else subprocess.DEVNULL)
+        try:
+            proc = spawn(full, limits=limits, uid=uid, cwd=cwd, env=env,
+                         stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                         pass_fds=(status_w,) if status_w is not None else ())
+        finally:
+            if status_w is not None:
+                os.close(status_w)
         if stdin:
-            try:
-                proc.stdin.write(stdin)
-                proc.stdin.close()
-            except BrokenPipeError:
-                pass
+            threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
         result = capture(proc, limits, started)
+        if status_r is not None:
+            with os.fdopen(status_r, "rb") as f:
+                status = f.read()
+            if b'"exit-code"' not in status and not result.killed_by:
+                raise EnvInfraError(InfraErrorClass.SANDBOX_CRASH,
+                                    f"bubblewrap failed to start the sandbox: {result.stderr[-500:]}")
         if uid is not None and self.isolated:
             settle_uid(uid)  # the uid is this sandbox's alone: nothing of it may outlive the call
         return result

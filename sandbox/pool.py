@@ -200,7 +200,13 @@ class SandboxPool:
                     log.exception("could not create a pooled sandbox")
                     break
                 with self._lock:
-                    self._ready.append(sandbox)
+                    closed = self._closed
+                    if not closed:
+                        self._ready.append(sandbox)
+                if closed:  # close() already drained the lists: this one is ours to remove
+                    sandbox.released = True
+                    sandbox.destroy()
+                    return
 
     def expire_leases(self) -> None:
         now = time.time()
@@ -221,7 +227,7 @@ class SandboxPool:
     def close(self) -> None:
         self._closed = True
         self._wake.set()
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=30)
         with self._lock:
             sandboxes = self._ready + list(self._leased.values()) + self._to_destroy
             self._ready, self._leased, self._to_destroy = [], {}, []

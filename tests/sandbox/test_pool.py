@@ -146,3 +146,14 @@ def test_safety_rules():
     off = safety.check_step(SafetyPolicy(forbid_network=False), ToolCall("shell", {"command": "curl x"}),
                             ToolResult(), ())
     assert off == ()
+
+
+def test_bwrap_setup_failure_is_infra_and_cannot_be_faked(pool, cold):
+    faked = cold.run_shell("echo 'bwrap: Can'\"'\"'t find source path /x' >&2; exit 1", 5)
+    assert faked.exit_status == 1  # the agent's own output: a result, not an infra error
+    broken = Isolator(pool.config)
+    broken.bwrap_argv = lambda workspace, extra_ro=(): [pool.config.bwrap_path, "--ro-bind", "/nonexistent", "/x",
+                                                        "--"]
+    with pytest.raises(EnvInfraError) as caught:
+        broken.run(["/bin/true"], cold.workspace, cold.uid, cold.limits(5))
+    assert caught.value.error_class is InfraErrorClass.SANDBOX_CRASH
