@@ -106,14 +106,17 @@ class Learner:
 
         self._batch_sharding = sh.batch_sharding(mesh)
         rep = sh.replicated(mesh)
-        jit_step = functools.partial(jax.jit, in_shardings=(self.state_shardings,
-                                                            self._batch_sharding),
-                                     out_shardings=(self.state_shardings, rep),
-                                     donate_argnums=0)
-        self._train = jit_step(functools.partial(step_lib.train_step, hp=self.hparams))
-        self._sft = jit_step(functools.partial(step_lib.sft_step, hp=self.hparams))
+        # Jit the module-level step functions (not per-instance partials) with the hparams
+        # static, so two Learners with equal hparams and shardings (e.g. after restore) share
+        # one compiled executable instead of compiling again.
+        jit_step = functools.partial(
+            jax.jit, static_argnums=2, donate_argnums=0,
+            in_shardings=(self.state_shardings, self._batch_sharding),
+            out_shardings=(self.state_shardings, rep))
+        self._train = jit_step(step_lib.train_step)
+        self._sft = jit_step(step_lib.sft_step)
         self._logprobs = jax.jit(
-            functools.partial(step_lib.policy_logprobs, hp=self.hparams),
+            step_lib.policy_logprobs, static_argnums=2,
             in_shardings=(self.state_shardings.params, self._batch_sharding),
             out_shardings=self._batch_sharding)
         self._manager: ocp.CheckpointManager | None = None
@@ -151,7 +154,7 @@ class Learner:
         start = time.perf_counter()
         device_batch = self._device_batch(batch)
         with sh.activation_context(self.mesh):
-            self.state, metrics = fn(self.state, device_batch)
+            self.state, metrics = fn(self.state, device_batch, self.hparams)
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         elapsed = time.perf_counter() - start
         metrics["perf/learner_step_s"] = elapsed
@@ -192,7 +195,7 @@ class Learner:
         device_batch = {k: device_batch[k] for k in ("tokens_bt", "attention_mask_bt")}
         params = self.state.ref_params if reference else self.state.params
         with sh.activation_context(self.mesh):
-            out = self._logprobs(params, device_batch)
+            out = self._logprobs(params, device_batch, self.hparams)
         return np.asarray(jax.device_get(out))[:rows]
 
     # ------------------------------------------------------------------ weights out

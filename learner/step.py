@@ -227,7 +227,7 @@ def train_step(state: TrainState, batch: Batch, hp: StepHParams) -> tuple[TrainS
     as it was and sets `learner/skipped` to 1 (the shell raises on it by default)."""
     rng, _ = jax.random.split(state.rng)  # nothing in the step is random yet
     loss, metrics, grads = loss_and_grads(state, batch, hp)
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     optimizer = make_optimizer(hp.optimizer)
     trainable = state.trainable()
     updates, opt_state = optimizer.update(grads, state.opt_state, trainable)

@@ -1,57 +1,17 @@
-"""Fixtures for tests/learner: 8 fake CPU devices, a tiny model, and batch builders.
+"""tests/learner set-up: 8 fake CPU devices (helpers live in tests/learner/helpers.py).
 
 The device count must be forced before JAX starts its backend, so it is set here, at
-import time, before anything imports jax. Tests that need 8 devices use `need_devices(8)`
-and skip (not fail) when the backend has fewer (e.g. another conftest imported jax first;
-run `pytest tests/learner` alone, or export XLA_FLAGS yourself).
+import time, before the test modules import jax. Tests that need 8 devices use
+`need_devices(8)` and skip (not fail) when the backend has fewer (e.g. another folder's
+conftest started JAX first: run `pytest tests/learner` alone, or export XLA_FLAGS yourself).
 """
 
 import os
 
-_FLAG = "--xla_force_host_platform_device_count=8"
-if _FLAG.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
+# 8 fake CPU devices for the mesh tests; LLVM optimisation level 0 makes XLA:CPU compile
+# ~2.5x faster (these tests compile a dozen tiny train steps and run each a few times; the
+# numerics are IEEE float32 either way). The benchmark does not use this.
+for _flag in ("--xla_force_host_platform_device_count=8", "--xla_backend_optimization_level=0"):
+    if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _flag).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-
-from learner.api import Batch  # noqa: E402
-from model.config import ModelConfig  # noqa: E402
-
-
-def need_devices(n: int):
-    return pytest.mark.skipif(jax.device_count() < n,
-                              reason=f"needs {n} devices, have {jax.device_count()}")
-
-
-def tiny_model_config(**overrides) -> ModelConfig:
-    """2 layers, hidden 32, 4 heads / 2 kv heads, vocab 64: divides by every test mesh."""
-    fields = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
-                  num_heads=4, num_kv_heads=2)
-    fields.update(overrides)
-    return ModelConfig(**fields)
-
-
-def random_batch(rows: int = 8, length: int = 16, vocab: int = 64, seed: int = 0,
-                 prompt: int = 4, rewards: bool = False, behaviour_noise: float = 0.3,
-                 **kwargs) -> Batch:
-    """Ragged sequences: a prompt (no loss), then policy tokens with a tool-output gap."""
-    rng = np.random.default_rng(seed)
-    tokens, masks, behaviour, advantages, token_rewards = [], [], [], [], []
-    for i in range(rows):
-        n = int(rng.integers(prompt + 3, length + 1))
-        tokens.append(rng.integers(0, vocab, n))
-        mask = np.zeros(n, np.float32)
-        mask[prompt:] = 1.0
-        if n > prompt + 4:
-            mask[prompt + 2:prompt + 4] = 0.0  # tool output inside the trajectory
-        masks.append(mask)
-        behaviour.append(-np.abs(rng.normal(2.0, behaviour_noise, n)).astype(np.float32))
-        advantages.append(float(rng.normal()))
-        r = np.zeros(n, np.float32)
-        r[np.nonzero(mask)[0][-1]] = float(rng.normal())
-        token_rewards.append(r)
-    return Batch.from_sequences(tokens, masks, behaviour, advantages,
-                                rewards=token_rewards if rewards else None, **kwargs)
