@@ -273,6 +273,14 @@ def capture(proc: subprocess.Popen, limits: Limits, started: float) -> ExecResul
                       time.monotonic() - started, cpu_s, truncated)
 
 
+def write_atomically(path: Path, text: str) -> None:
+    """Replace `path` whole (mode 0644): other processes sharing root_dir may be binding it right now."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+    tmp.write_text(text)
+    os.chmod(tmp, 0o644)
+    tmp.replace(path)
+
+
 def _feed(pipe, data: bytes) -> None:
     """Write a program's stdin from a side thread: a program that never reads cannot block the host."""
     try:
@@ -321,9 +329,7 @@ class Isolator:
             "hosts": "127.0.0.1 localhost sandbox\n",
         }
         for name, text in files.items():
-            path = etc / name
-            path.write_text(text.replace("{uid}", "65534"))
-            os.chmod(path, 0o644)
+            write_atomically(etc / name, text.replace("{uid}", "65534"))
         return etc
 
     @property

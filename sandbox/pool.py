@@ -31,7 +31,7 @@ from pathlib import Path
 
 from sandbox.api import EnvInfraError, InfraErrorClass
 from sandbox.config import SandboxConfig
-from sandbox.isolation import ExecResult, Isolator, Limits
+from sandbox.isolation import ExecResult, Isolator, Limits, write_atomically
 from sandbox.warm import WarmServer
 
 log = logging.getLogger(__name__)
@@ -125,9 +125,7 @@ class SandboxPool:
         self.isolator = Isolator(config)  # refuses here when bwrap is required but missing
         self.root = self.isolator.root
         self.warm = config.warm and self.isolator.isolated
-        script = self.root / "forkserver.py"
-        script.write_text((Path(__file__).parent / "forkserver.py").read_text())
-        os.chmod(script, 0o644)
+        write_atomically(self.root / "forkserver.py", (Path(__file__).parent / "forkserver.py").read_text())
         can_switch_uid = os.geteuid() == 0
         offset = config.uid_base + (os.getpid() % 1000) * _UIDS_PER_PROCESS
         self._uids = itertools.cycle(range(offset, offset + _UIDS_PER_PROCESS)) if can_switch_uid else None
