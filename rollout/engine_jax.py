@@ -132,8 +132,9 @@ class JaxEngine:
         self._sessions: dict[str, _Slot] = {}
         self._queue: collections.deque[_Job] = collections.deque()
         self._clock = itertools.count(1)
-        self._row_buckets = [1 << i for i in range(config.slots.bit_length())
-                             if (1 << i) < config.slots] + [config.slots]
+        # Prefill row counts compile as powers of 4 (and all slots): few shapes, <4x padding.
+        self._row_buckets = [4 ** i for i in range(config.slots.bit_length())
+                             if 4 ** i < config.slots] + [config.slots]
         # Shared with callers, guarded by _cond.
         self._cond = threading.Condition()
         self._incoming: list[_Job] = []

@@ -10,7 +10,7 @@ What it is not: a scheduler. Which rows run, their budgets and the bookkeeping o
 in `rollout/engine_jax.py`; these functions never branch in Python on array values.
 
 Shapes (letters as in `model.decoder`): s slots (cache rows), p rows being prefilled (padded to
-a power of two; pad rows use the out-of-range row index s, so their writes are dropped), t the
+a power of 4 or s; pad rows use the out-of-range row index s, so their writes are dropped), t the
 prefill bucket, k decode steps, x the padded stop-id list. Positions < 0 write nothing
 (`model.decoder.forward_with_cache`), which is how inactive rows and padding stay inert.
 """

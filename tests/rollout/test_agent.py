@@ -18,7 +18,6 @@ import time
 import numpy as np
 import pytest
 
-from model.decoder import token_logprobs
 from rollout import chat
 from rollout.agent import AgentLoop
 from rollout.api import (EnvTurn, GroupRequest, PolicyTurn, SamplingParams, Termination,
@@ -28,6 +27,7 @@ from rollout.fake import FakeEngine
 from sandbox.api import (Budgets, EnvInfraError, EnvSpec, InfraErrorClass, Outcome, StepResult,
                          Task, ToolResult, ToolSpec)
 from sandbox.envs import make_env
+from tests.rollout.conftest import learner_logprobs
 
 TASK = Task(task_id="t-2+3", prompt="What is 2 + 3?", verifier={"answer": 5, "expression": "2 + 3"})
 CALC = EnvSpec(name="calc", kind="calc", tasks=(TASK,))
@@ -194,7 +194,7 @@ def test_real_engine_episode_matches_engine_outputs_and_learner_logprobs(engine,
         assert tuple(stream.tokens[start:start + len(gen.token_ids)]) == gen.token_ids
     assert engine.stats["reused_tokens"] - reused_before >= len(recorded[1][0].prompt_ids) - 40
     config, params = model
-    learner = np.asarray(token_logprobs(params, config, stream.tokens[None]))[0]
+    learner = learner_logprobs(params, config, stream.tokens)
     mask = stream.loss_mask[1:] > 0
     gap = np.max(np.abs(learner[mask] - stream.behaviour_logprobs[1:][mask]))
     print(f"\nepisode behaviour vs learner logprob max |gap|: {gap:.2e}")

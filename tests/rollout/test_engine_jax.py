@@ -20,12 +20,12 @@ import jax
 import numpy as np
 import pytest
 
-from model.decoder import forward, token_logprobs
+from model.decoder import forward
 from model.weights import SnapshotDigestError, save_snapshot
 from rollout import engine_steps
 from rollout.api import FinishReason, GenerationRequest, SamplingParams
 from rollout.engine_jax import JaxEngine
-from tests.rollout.conftest import replace_config, sharpen
+from tests.rollout.conftest import learner_logprobs, replace_config, sharpen
 
 _forward = jax.jit(forward, static_argnums=1)
 _REF_LEN = 128
@@ -45,10 +45,10 @@ def greedy_reference(params, config, prompts, max_new):
     return out
 
 
-def learner_logprobs(params, config, prompt, generated, temperature):
-    tokens = np.asarray([list(prompt) + list(generated)], np.int32)
-    logp = np.asarray(token_logprobs(params, config, tokens, temperature=temperature))[0]
-    return logp[len(prompt) - 1:]
+def generated_logprobs(params, config, prompt, generated, temperature):
+    """The learner's logprobs of `generated` after `prompt`."""
+    tokens = list(prompt) + list(generated)
+    return learner_logprobs(params, config, tokens, temperature)[len(prompt) - 1:]
 
 
 def ragged_prompts(n, seed=0, vocab=300):
@@ -85,7 +85,8 @@ def test_logprobs_equal_learner_recompute(engine, model):
     gaps = []
     for request, gen in zip(requests, engine.generate(requests)):
         temperature = request.sampling.temperature or 1.0  # greedy reports temperature-1
-        ref = learner_logprobs(params, config, request.prompt_ids, gen.token_ids, temperature)
+        ref = generated_logprobs(params, config, request.prompt_ids, gen.token_ids,
+                                 temperature)
         gaps.append(float(np.max(np.abs(ref - np.asarray(gen.logprobs)))))
         assert gen.versions == (0,) * len(gen.token_ids)
     print(f"\nbehaviour vs learner logprob max |gap| (float32): {max(gaps):.2e}")
@@ -194,8 +195,8 @@ def test_weight_switch_drain_or_interrupt(model, snapshot_v1, monkeypatch, inter
         assert 0 < switch < len(versions) and np.all(versions[switch:] == 1)
         assert np.all(versions[:switch] == 0)
         # Old-weight tokens match the old params, new-weight tokens the new ones (re-prefilled).
-        old = learner_logprobs(params, config, prompt, gen.token_ids, 1.0)
-        new = learner_logprobs(new_params, config, prompt, gen.token_ids, 1.0)
+        old = generated_logprobs(params, config, prompt, gen.token_ids, 1.0)
+        new = generated_logprobs(new_params, config, prompt, gen.token_ids, 1.0)
         lp = np.asarray(gen.logprobs)
         assert np.max(np.abs(old[:switch] - lp[:switch])) < 1e-4
         assert np.max(np.abs(new[switch:] - lp[switch:])) < 1e-4

@@ -28,7 +28,7 @@ from model.weights import save_snapshot
 from rollout.api import GroupRequest, SamplingParams, Termination, token_stream
 from rollout.client import RolloutClient, RolloutError
 from sandbox.api import Budgets, EnvSpec, Task
-from tests.rollout.conftest import ENGINE_CONFIG, sharpen
+from tests.rollout.conftest import COMPILE_CACHE_ENV, ENGINE_CONFIG, sharpen
 
 ROOT = Path(__file__).resolve().parents[2]
 TASK = Task("t-2+3", "What is 2 + 3?", {"answer": 5, "expression": "2 + 3"})
@@ -45,7 +45,7 @@ def server(tiny_model_dir, tmp_path_factory):
                "--slots", str(ENGINE_CONFIG.slots), "--max-seq-len", str(ENGINE_CONFIG.max_seq_len),
                "--prefill-buckets", ",".join(map(str, ENGINE_CONFIG.prefill_buckets)),
                "--decode-steps", str(ENGINE_CONFIG.decode_steps_per_call)]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", **COMPILE_CACHE_ENV)
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 120
