@@ -17,16 +17,24 @@ from learner.config import LearnerConfig
 from learner.learner import Learner
 from model import decoder
 from model.weights import load_snapshot
-from tests.learner.helpers import need_devices, random_batch, tiny_model_config
+from tests.learner.helpers import need_devices, tiny_model_config
 
 MODEL = tiny_model_config()
 CONFIG = LearnerConfig(kl_coef=0.05, learning_rate=1e-2, checkpoint_keep=2)
 
 
 def _trained_learner(mesh_spec):
+    """A Learner whose every state leaf holds distinct non-trivial values (a stand-in for
+    training that needs no train-step compile): params, Adam moments, reference, RNG."""
     params = decoder.init_params(MODEL, jax.random.PRNGKey(4))
     learner = Learner(CONFIG, MODEL, params, sh.make_mesh(mesh_spec))
-    learner.train_step(random_batch(rows=8, seed=9))  # non-zero Adam moments, moved params
+
+    rng = np.random.default_rng(0)
+    host = jax.device_get(learner.state)
+    host = jax.tree.map(lambda x: x + rng.integers(1, 9, x.shape).astype(x.dtype)
+                        if np.issubdtype(x.dtype, np.integer)
+                        else x + rng.normal(size=x.shape).astype(x.dtype), host)
+    learner.state = jax.device_put(host, learner.state_shardings)
     return learner
 
 
@@ -34,14 +42,15 @@ def _trained_learner(mesh_spec):
 def test_save_on_fsdp8_restore_on_data2_fsdp4(tmp_path):
     learner = _trained_learner("fsdp=8")
     extra = {"cursor": 17, "consumed_task_ids": ["a", "b"], "weight_version": 3}
-    assert learner.save(tmp_path / "ckpt", extra=extra) == 1
+    step = learner.step
+    assert learner.save(tmp_path / "ckpt", extra=extra) == step
     learner.wait()
-    assert Learner.latest_step(tmp_path / "ckpt") == 1
+    assert Learner.latest_step(tmp_path / "ckpt") == step
 
     new_mesh = sh.make_mesh("data=2,fsdp=4")
     restored, got_extra = Learner.restore(tmp_path / "ckpt", mesh=new_mesh)
     assert got_extra == extra
-    assert restored.step == 1 and restored.config == CONFIG and restored.model_config == MODEL
+    assert restored.step == step and restored.config == CONFIG and restored.model_config == MODEL
     want, got = jax.device_get(learner.state), jax.device_get(restored.state)
     assert jax.tree.structure(want) == jax.tree.structure(got)
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):

@@ -133,7 +133,7 @@ def test_microbatches_equal_full_batch():
 
 def test_nan_stops_with_clear_error_and_keeps_state():
     learner = _learner("fsdp=1", CONFIG, devices=jax.devices()[:1])
-    batch = random_batch(rows=2, seed=1)
+    batch = random_batch(rows=8, seed=1)  # the update test's shape: its compile is reused
     bad = dataclasses.replace(batch, advantages_bt=np.where(batch.loss_mask_bt > 0, np.nan, 0.0)
                               .astype(np.float32))
     before = learner.params
