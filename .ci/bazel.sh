@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build and test Orrery with Bazel, offline: `bash .ci/bazel.sh [bazel test args...]`.
+# Build and test Orrery with Bazel, offline: `bash .ci/bazel.sh` tests //...; with arguments,
+# `bash .ci/bazel.sh //:tests_model --test_arg=-k --test_arg=decoder` runs exactly those.
 #
 # Installs Debian's bazel-bootstrap (4.2.3) when bazel is missing, puts the project's .venv
 # first on PATH (the py_test targets and the protobuf genrule use its python3; .bazelrc passes
@@ -25,4 +26,5 @@ checkout_id=$(printf '%s' "$PWD" | sha256sum | cut -c1-12)
 output_base="${ORRERY_BAZEL_OUTPUT_BASE:-${XDG_CACHE_HOME:-$HOME/.cache}/orrery-bazel/$checkout_id}"
 
 # The server exits after 5 idle minutes so CI machines get their memory back.
-exec bazel --output_base="$output_base" --max_idle_secs=300 test //... "$@"
+[ "$#" -gt 0 ] || set -- //...
+exec bazel --output_base="$output_base" --max_idle_secs=300 test "$@"
