@@ -35,7 +35,7 @@ from controller.tracker import load_history, ConsoleTracker, JsonlTracker, Multi
 from learner.learner import Learner
 from learner.sharding import make_mesh
 from model.hf_io import load_hf
-from model.weights import WeightVersion
+from model.weights import WeightVersion, params_digest
 from rollout.api import GroupRequest, SamplingParams, Trajectory
 from sandbox import api as sandbox_api
 
@@ -81,8 +81,6 @@ class Pipeline:
         mesh = make_mesh(config.mesh or None)
         registry = EnvRegistry()
         tasks = TaskSource(config.seed)
-        version = WeightVersion(version=0, step=0, location=str(model_dir), format="hf_safetensors",
-                                digest="", created_at=time.time())
         checkpoints = run_dir / "checkpoints"
         start_step, resumed = 0, False
         if config.resume and Learner.latest_step(checkpoints) is not None:
@@ -94,6 +92,8 @@ class Pipeline:
             logger.info("resumed at step %d (weights version %d) from %s", start_step, version.version, checkpoints)
         else:
             model_config, params = load_hf(model_dir)
+            version = WeightVersion(version=0, step=0, location=str(model_dir), format="hf_safetensors",
+                                    digest=params_digest(params), created_at=time.time())
             learner = Learner(config.learner, model_config, params, mesh)
             registry.submit(env_spec, step=0)
         status = RunStatus(total_steps=config.steps, mode=config.mode)

@@ -28,8 +28,10 @@ import numpy as np
 from controller.config import EnvConfig, ModelSetup, WarmStartConfig
 from learner.api import Batch
 from model.tokenizer import Tokenizer, render_chat
+from rollout import chat
 from rollout.agent import AgentLoop
 from rollout.api import FinishReason, Generation, GenerationRequest, GroupRequest, SamplingParams, Trajectory, token_stream
+from rollout.config import AgentConfig
 from rollout.tool_parser import CLOSE, OPEN
 from sandbox import api as sandbox_api
 from sandbox.envs import make_env
@@ -124,13 +126,17 @@ def sft_batches(demos: list[Trajectory], config: WarmStartConfig, row_multiple: 
 
 
 def _corpus(spec: sandbox_api.EnvSpec) -> list[str]:
-    """Text in the shape of the env's episodes, for training the tokenizer."""
+    """Text in the shape of the env's episodes (system message included), for training the tokenizer."""
     from sandbox.envs import generate_tasks
 
     lines = []
-    for task in generate_tasks(spec)[:1500]:
+    tasks = generate_tasks(spec)[:1500]
+    env = make_env(spec, tasks[0])
+    system = chat.system_message(AgentConfig().system_prompt, env.tools(), AgentConfig().tool_schema)
+    env.close()
+    for task in tasks:
         calls = expert_calls(task)
-        messages = [{"role": "user", "content": task.prompt}]
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": task.prompt}]
         for call in calls:
             messages.append({"role": "assistant", "content": format_tool_call(call)})
             messages.append({"role": "user", "content": f"<tool_response>{task.verifier['answer']}</tool_response>"})

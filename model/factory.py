@@ -68,7 +68,7 @@ def builtin_corpus(num_lines: int = 2000, seed: int = 0) -> list[str]:
 
 
 def train_tokenizer(corpus: Iterable[str], vocab_size: int, out_dir: str | Path) -> Path:
-    """Train a byte-level BPE on `corpus`; write tokenizer.json + tokenizer_config.json.
+    """Train a byte-level BPE (digits split singly) on `corpus`; write tokenizer.json + tokenizer_config.json.
 
     The vocabulary may come out smaller than `vocab_size` on a small corpus."""
     if vocab_size < _MIN_VOCAB:
@@ -77,7 +77,12 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int, out_dir: str | Path)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     backend = tokenizers.Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Digits are split one by one before the byte-level split (as Llama 3 and Qwen2 do): a number
+    # then has the same tokens wherever it appears, so copying a tool's result into an answer
+    # is a token-level copy, which tiny models learn quickly.
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False)])
     backend.decoder = decoders.ByteLevel()
     backend.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
