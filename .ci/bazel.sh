@@ -2,9 +2,10 @@
 # Build and test Orrery with Bazel, offline: `bash .ci/bazel.sh` tests //...; with arguments,
 # `bash .ci/bazel.sh //:tests_model --test_arg=-k --test_arg=decoder` runs exactly those.
 #
-# Installs Debian's bazel-bootstrap (4.2.3) when bazel is missing, puts the project's .venv
-# first on PATH (the py_test targets and the protobuf genrule use its python3; .bazelrc passes
-# PATH through) and runs `bazel test //...`. The WORKSPACE replaces the repositories Bazel would
+# Installs Debian's bazel-bootstrap (4.2.3) when bazel is missing and the venv when it lacks
+# the test dependencies, then runs `bazel test //...`. Every Python action runs on the venv's
+# python through the toolchain in tools/bazel; .venv/bin also goes first on the PATH the tests
+# see, for the programs they start. The WORKSPACE replaces the repositories Bazel would
 # download with in-repo stand-ins, so no network is needed. Bazel's output base lives under
 # ~/.cache/orrery-bazel (ORRERY_BAZEL_OUTPUT_BASE overrides it), never in the checkout.
 set -euo pipefail

@@ -31,8 +31,8 @@ def _check_interpreter() -> None:
         import pytest  # noqa: F401
     except ImportError:
         sys.exit(
-            f"pytest is not importable from {sys.executable}: run Bazel with the project's venv "
-            "first on PATH (.ci/bazel.sh does this)."
+            f"pytest is not importable from {sys.executable}: install the test dependencies "
+            "with `bash scripts/setup_env.sh test` (.ci/bazel.sh does this)."
         )
 
 
