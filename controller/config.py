@@ -52,6 +52,8 @@ class FleetConfig:
     """Engine of spawned workers: 'jax' (embedded, default) or 'sglang'."""
     slots: int = 32
     """Decode slots per spawned JAX worker (recompiles the worker's engine)."""
+    groups_per_worker: int = 8
+    """Groups one worker runs at once; more wait in the controller (workers refuse the excess)."""
     rollout_deadline_s: float = 300.0
     """Longest one group may take before it is abandoned as an infra error and retried."""
     call_deadline_s: float = 120.0

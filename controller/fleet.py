@@ -67,7 +67,7 @@ class Fleet:
         self.run_dir = pathlib.Path(run_dir)
         self.seed = seed
         self._workers: list[_Worker] = []
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._version: WeightVersion | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="group")
 
@@ -122,6 +122,7 @@ class Fleet:
             "--model", str(self.model_dir),
             "--worker-id", name,
             "--slots", str(self.config.slots),
+            "--max-concurrent-groups", str(self.config.groups_per_worker),
             "--seed", str(self.seed + index),
         ]
         process = subprocess.Popen(command, stdout=open(log_path, "ab"), stderr=subprocess.STDOUT, env=env,
@@ -172,12 +173,17 @@ class Fleet:
         return [f.result() for f in futures]
 
     def _pick(self, avoid: set[str]) -> _Worker:
+        """The least-loaded worker with a free group slot (healthy and untried first); waits for one."""
         with self._lock:
-            candidates = [w for w in self._workers if w.name not in avoid and w.healthy] or \
-                         [w for w in self._workers if w.name not in avoid] or self._workers
-            worker = min(candidates, key=lambda w: w.in_flight)
-            worker.in_flight += 1
-            return worker
+            while True:
+                candidates = [w for w in self._workers if w.name not in avoid and w.healthy] or \
+                             [w for w in self._workers if w.name not in avoid] or self._workers
+                free = [w for w in candidates if w.in_flight < self.config.groups_per_worker]
+                if free:
+                    worker = min(free, key=lambda w: w.in_flight)
+                    worker.in_flight += 1
+                    return worker
+                self._lock.wait()
 
     def _run_group(self, request: GroupRequest) -> GroupResult | None:
         errors: collections.Counter = collections.Counter()
@@ -202,6 +208,7 @@ class Fleet:
             finally:
                 with self._lock:
                     worker.in_flight -= 1
+                    self._lock.notify_all()
         logger.error("group %s dropped after %d attempts", request.group_id, self.config.max_group_retries + 1)
         return GroupResult(request, [], "", errors)
 

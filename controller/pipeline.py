@@ -35,6 +35,7 @@ from controller.tracker import load_history, ConsoleTracker, JsonlTracker, Multi
 from learner.learner import Learner
 from learner.sharding import make_mesh
 from model.hf_io import load_hf
+from model.tokenizer import Tokenizer
 from model.weights import WeightVersion, params_digest
 from rollout.api import GroupRequest, SamplingParams, Trajectory
 from sandbox import api as sandbox_api
@@ -61,6 +62,7 @@ class Pipeline:
     server: Any
     port: int
     version: WeightVersion
+    tokenizer: Tokenizer | None = None
     step: int = 0
     resumed: bool = False
     rng: np.random.Generator = dataclasses.field(default_factory=lambda: np.random.default_rng(0))
@@ -106,7 +108,7 @@ class Pipeline:
         status.update(rollout_workers=fleet.size)
         tracker = MultiTracker([JsonlTracker(run_dir), TensorBoardTracker(run_dir), ConsoleTracker(config.steps)])
         return cls(config, run_dir, model_dir, learner, fleet, registry, tasks, tracker, status, server, port,
-                   version, step=start_step, resumed=resumed,
+                   version, tokenizer=Tokenizer.from_dir(model_dir), step=start_step, resumed=resumed,
                    rng=np.random.default_rng([config.seed, start_step]))
 
     def close(self) -> None:
@@ -230,6 +232,7 @@ class Pipeline:
                         for i, task in enumerate(tasks)]
             groups, infra = self.collect(self.fleet.rollout(requests))
             scored = [t for g in groups for t in g]
+            self._write_samples(f"eval-{spec.name}-step{step + 1}", scored[:8])
             metrics = stats.rollout_metrics(scored, self.version.version, prefix=f"eval/{spec.name}")
             results.update(metrics)
             success = metrics.get(f"eval/{spec.name}/success_rate", 0.0)
@@ -239,6 +242,16 @@ class Pipeline:
         if step >= 0:
             self.tracker.log(step, results)
         return results
+
+    def _write_samples(self, name: str, trajectories: list[Trajectory]) -> None:
+        """A few episodes as text, for people: run_dir/samples/<name>.txt."""
+        folder = self.run_dir / "samples"
+        folder.mkdir(exist_ok=True)
+        with open(folder / f"{name}.txt", "w") as out:
+            for t in trajectories:
+                ids = list(t.prompt_ids) + [i for turn in t.turns for i in turn.token_ids]
+                out.write(f"=== {t.trajectory_id} task={t.task_id} reward={t.reward:.3f} "
+                          f"true={t.true_metric:.0f} end={t.termination.value}\n{self.tokenizer.decode(ids)}\n\n")
 
     def checkpoint(self, step: int) -> None:
         self.learner.save(self.run_dir / "checkpoints", extra={
