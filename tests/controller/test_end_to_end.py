@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).absolute().parents[2]
 TINY = [
     "--set", "model.hidden_size=32", "--set", "model.num_layers=1", "--set", "model.vocab_size=320",
     "--set", "warm_start.steps=4", "--set", "warm_start.batch_size=8",

@@ -6,7 +6,7 @@ Run: `.venv/bin/python -m pytest tests/proto -q`. If this fails, run `python scr
 import pathlib
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).absolute().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import gen_proto  # noqa: E402
