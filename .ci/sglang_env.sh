@@ -61,6 +61,7 @@ printf 'torch==%s\ntorchvision==%s\n' "$TORCH_VERSION" "$TORCHVISION_VERSION" >"
 
 "${pip[@]}" "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"
 "${pip[@]}" --no-deps "sglang==$SGLANG_VERSION"
+echo "sglang_env: pip will report that sglang's CUDA-only requirements are missing; expected" >&2
 "${pip[@]}" -c "$constraints" "${DEPS[@]}"
 
 # Smoke check: the server's CLI and its HTTP entry point import on CPU with the stand-in.

@@ -249,6 +249,9 @@ class SGLangEngine:
         self._lock = threading.Lock()
         self._generated_tokens = 0
         info = self.model_info()
+        # A worker that died between pause and continue would leave the server paused, and
+        # every request would wait for its deadline. One server serves one worker: resume it.
+        self._call("POST", "/continue_generation", {}, config.control_timeout_s)
         self._version = parse_version(info.get("weight_version"))
         self._digest = ""
         self._vocab_size = config.vocab_size or _vocab_from_folder(info.get("model_path"))

@@ -285,7 +285,9 @@ def test_update_is_pause_retract_then_load_then_continue(fake):
         assert engine.version == 0
         engine.load_weights(hf_version(1))
         assert engine.version == 1
-    updates = [p for p in fake.paths() if p not in ("/get_model_info", "/server_info")]
+    paths = fake.paths()
+    assert paths[:3] == ["/get_model_info", "/continue_generation", "/server_info"]  # startup
+    updates = [p for p in paths[3:] if p != "/get_model_info"]
     assert updates == ["/pause_generation", "/update_weights_from_disk", "/continue_generation"]
     bodies = {p: b for _, p, b in fake.calls}
     assert bodies["/pause_generation"] == {"mode": "retract"}
