@@ -93,7 +93,9 @@ class SGLangConfig:
     request_timeout_s: float = 300.0
     """Deadline of one /generate call (the whole turn: SGLang answers only when done)."""
     control_timeout_s: float = 30.0
-    """Deadline of /health, model info, pause, continue and abort calls."""
+    """Deadline of model info, pause, continue and abort calls."""
+    health_timeout_s: float = 5.0
+    """Deadline of the /health probe behind `healthy` (worker info calls it)."""
     update_timeout_s: float = 600.0
     """Deadline of /update_weights_from_disk (reading the export into the server)."""
     retries: int = 2
@@ -123,7 +125,8 @@ class SGLangConfig:
             raise ValueError(f"SGLangConfig.base_url must start with http:// or https://, "
                              f"got {self.base_url!r}")
         object.__setattr__(self, "base_url", self.base_url.rstrip("/"))
-        for name in ("request_timeout_s", "control_timeout_s", "update_timeout_s"):
+        for name in ("request_timeout_s", "control_timeout_s", "health_timeout_s",
+                     "update_timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"SGLangConfig.{name} must be a positive number, got {value!r}")
@@ -277,7 +280,7 @@ class SGLangEngine:
     @property
     def healthy(self) -> bool:
         try:
-            self._call("GET", "/health", None, self.config.control_timeout_s, retries=0)
+            self._call("GET", "/health", None, self.config.health_timeout_s, retries=0)
             return True
         except SGLangError:
             return False
