@@ -84,15 +84,17 @@ class DataConfig:
 class WarmStartConfig:
     """A short supervised phase on env demonstrations before RL (0 steps disables it)."""
 
-    steps: int = 150
-    """Supervised steps."""
+    steps: int = 600
+    """Most supervised steps (the phase usually ends earlier, at `target_success`)."""
+    min_steps: int = 200
+    """Supervised steps before the first early-stop check."""
     batch_size: int = 32
     """Demonstrations per supervised step."""
-    learning_rate: float = 1e-3
+    learning_rate: float = 3e-3
     """Supervised learning rate (constant)."""
-    target_success: float = 0.2
-    """Stop early once greedy eval success reaches this (checked every `check_every` steps)."""
-    check_every: int = 50
+    target_success: float = 0.1
+    """Stop once greedy eval success reaches this: RL needs some successes, and should do the rest."""
+    check_every: int = 25
     """Supervised steps between early-stop checks."""
 
 

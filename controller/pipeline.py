@@ -137,7 +137,7 @@ class Pipeline:
         warm = self.config.warm_start
         demos = warmstart.demonstrations(self.model_dir, spec, self.tasks.train_tasks(spec))
         sft = Learner(dataclasses.replace(self.config.learner, loss="sft", learning_rate=warm.learning_rate,
-                                          warmup_steps=0, schedule="constant", kl_coef=0.0),
+                                          schedule="constant", kl_coef=0.0, warmup_steps=20),
                       self.learner.model_config, self.learner.params, self.learner.mesh)
         t0 = time.perf_counter()
         for i, batch in enumerate(warmstart.sft_batches(demos, warm, sft.row_multiple, self.config.seed)):
@@ -145,6 +145,12 @@ class Pipeline:
             if (i + 1) % 25 == 0 or i + 1 == warm.steps:
                 logger.info("warm start %d/%d: loss %.3f (%.0fs)", i + 1, warm.steps,
                             metrics.get("learner/loss", float("nan")), time.perf_counter() - t0)
+            if i + 1 >= warm.min_steps and (i + 1 - warm.min_steps) % warm.check_every == 0 and i + 1 < warm.steps:
+                self.publish(sft)  # RL should start as soon as some samples succeed, not later
+                success = self._evaluate_env(spec, f"warm{i + 1}").get(f"eval/{spec.name}/success_rate", 0.0)
+                logger.info("warm start %d: greedy eval success %.1f%%", i + 1, 100 * success)
+                if success >= warm.target_success:
+                    break
         self.learner.close()
         self.learner = Learner(self.config.learner, sft.model_config, sft.params, sft.mesh)
         sft.close()
@@ -189,11 +195,11 @@ class Pipeline:
                 self.registry.record_results(result.request.env.name, sum(t.true_metric for t in scored), len(scored))
         return groups, infra
 
-    def publish(self) -> float:
+    def publish(self, learner: Learner | None = None) -> float:
         """Snapshot the learner's weights as the next version and load it on every worker."""
         t0 = time.perf_counter()
         sglang = self.config.fleet.engine == "sglang"
-        version = self.learner.publish(self.run_dir / "weights", self.version.version + 1,
+        version = (learner or self.learner).publish(self.run_dir / "weights", self.version.version + 1,
                                        format="hf_safetensors" if sglang else "orbax",
                                        tokenizer_dir=self.model_dir if sglang else None)
         self.fleet.update_weights(version)
@@ -224,24 +230,30 @@ class Pipeline:
         """Greedy success on each active env's eval split, reported apart from training."""
         results = {}
         for spec in self.registry.active_specs():
-            tasks = self.tasks.eval_tasks(spec, self.config.eval.num_tasks)
-            if not tasks:
+            metrics = self._evaluate_env(spec, f"step{step + 1}")
+            if not metrics:
                 continue
-            requests = [GroupRequest(group_id=f"eval-{step}-{i}", env=spec, task=task, group_size=1,
-                                     sampling=SamplingParams(temperature=0.0, max_new_tokens=spec.budgets.max_new_tokens_per_turn))
-                        for i, task in enumerate(tasks)]
-            groups, infra = self.collect(self.fleet.rollout(requests))
-            scored = [t for g in groups for t in g]
-            self._write_samples(f"eval-{spec.name}-step{step + 1}", scored[:8])
-            metrics = stats.rollout_metrics(scored, self.version.version, prefix=f"eval/{spec.name}")
             results.update(metrics)
-            success = metrics.get(f"eval/{spec.name}/success_rate", 0.0)
+            success = metrics[f"eval/{spec.name}/success_rate"]
             self.evals.setdefault(spec.name, []).append((step, success))
             logger.info("eval after step %d on %s: success %.1f%% over %d tasks", step + 1, spec.name,
-                        100 * success, len(scored))
+                        100 * success, metrics[f"eval/{spec.name}/count"])
         if step >= 0:
             self.tracker.log(step, results)
         return results
+
+    def _evaluate_env(self, spec: sandbox_api.EnvSpec, tag: str) -> dict[str, float]:
+        """Greedy rollouts of the first `eval.num_tasks` eval tasks on the current weights."""
+        tasks = self.tasks.eval_tasks(spec, self.config.eval.num_tasks)
+        if not tasks:
+            return {}
+        sampling = SamplingParams(temperature=0.0, max_new_tokens=spec.budgets.max_new_tokens_per_turn)
+        requests = [GroupRequest(group_id=f"eval-{tag}-{i}", env=spec, task=task, group_size=1, sampling=sampling)
+                    for i, task in enumerate(tasks)]
+        groups, _ = self.collect(self.fleet.rollout(requests))
+        scored = [t for g in groups for t in g]
+        self._write_samples(f"eval-{spec.name}-{tag}", scored[:8])
+        return stats.rollout_metrics(scored, self.version.version, prefix=f"eval/{spec.name}")
 
     def _write_samples(self, name: str, trajectories: list[Trajectory]) -> None:
         """A few episodes as text, for people: run_dir/samples/<name>.txt."""
