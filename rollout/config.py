@@ -32,8 +32,10 @@ class JaxEngineConfig:
     slots: int = 8
     """Sequences decoded together (the decode batch); each owns one KV-cache row (recompiles)."""
     max_seq_len: int = 1024
-    """KV-cache length per slot in tokens: prompt + all output of one sequence (recompiles)."""
-    prefill_buckets: tuple[int, ...] = (32, 128, 512)
+    """KV-cache length per slot in tokens: prompt + all output of one sequence (recompiles).
+    Decode attends over a power-of-two prefix (>= 128) covering the longest active row, so a
+    large value costs memory, not per-step time; prefill still reads whole rows."""
+    prefill_buckets: tuple[int, ...] = (64, 256)
     """Prefill chunk lengths in tokens, ascending; a prompt is padded to the next bucket and
     prompts longer than the last are prefilled in chunks of it (one compile per bucket)."""
     decode_steps_per_call: int = 4
@@ -41,6 +43,9 @@ class JaxEngineConfig:
     freed slot waits up to this many steps to be refilled (recompiles)."""
     max_stop_ids: int = 8
     """Most stop token ids one request may carry (recompiles)."""
+    session_hold_s: float = 0.5
+    """After a session's turn ends, its slot (and KV cache) waits this long for the session's
+    next turn before a new request may evict it; tool calls slower than this cost a re-prefill."""
     interrupt_on_update: bool = False
     """False: a weight update waits for in-flight requests to finish on their version (drain).
     True: the switch happens between decode calls and in-flight requests continue on the new
@@ -66,6 +71,10 @@ class JaxEngineConfig:
         if self.dtype not in DTYPES:
             raise ValueError(f"{owner}.dtype must be one of {DTYPES}, got {self.dtype!r}")
         _positive_float(owner, "update_timeout_s", self.update_timeout_s)
+        if isinstance(self.session_hold_s, bool) or not isinstance(
+                self.session_hold_s, (int, float)) or self.session_hold_s < 0:
+            raise ValueError(f"{owner}.session_hold_s must be a number >= 0, "
+                             f"got {self.session_hold_s!r}")
 
 
 @dataclasses.dataclass(frozen=True)

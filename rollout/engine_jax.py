@@ -57,7 +57,7 @@ from model.config import ModelConfig
 from model.decoder import init_cache
 from model.weights import WeightVersion, load_snapshot
 from rollout import engine_steps
-from rollout.api import EngineError, FinishReason, Generation, GenerationRequest, SamplingParams
+from rollout.api import EngineError, FinishReason, Generation, GenerationRequest
 from rollout.config import JaxEngineConfig
 
 logger = logging.getLogger(__name__)
@@ -87,6 +87,7 @@ class _Slot:
     kv_tokens: list[int] = dataclasses.field(default_factory=list)
     session_id: str | None = None
     last_used: int = 0
+    idle_since: float = 0.0
 
 
 @dataclasses.dataclass
@@ -132,6 +133,9 @@ class JaxEngine:
         self._sessions: dict[str, _Slot] = {}
         self._queue: collections.deque[_Job] = collections.deque()
         self._clock = itertools.count(1)
+        # Decode attends over a power-of-two prefix of each cache row (>= 128 slots).
+        self._length_buckets = [b for b in (1 << i for i in range(7, 31))
+                                if b < config.max_seq_len] + [config.max_seq_len]
         # Prefill row counts compile as powers of 4 (and all slots): few shapes, <4x padding.
         self._row_buckets = [4 ** i for i in range(config.slots.bit_length())
                              if 4 ** i < config.slots] + [config.slots]
@@ -140,6 +144,7 @@ class JaxEngine:
         self._incoming: list[_Job] = []
         self._aborts: set[str] = set()
         self._releases: list[str] = []
+        self._warmups: list[threading.Event] = []
         self._update: _Update | None = None
         self._closed = False
         self._error: BaseException | None = None
@@ -190,13 +195,20 @@ class JaxEngine:
         return [f.result() for f in futures]
 
     def warmup(self) -> float:
-        """Compile the decode step and the smallest prefill before serving; returns seconds."""
+        """Compile every shape (each prefill row count x bucket, and decode) now, on the
+        scheduler thread, so no request waits for a compile later; returns seconds."""
         start = time.perf_counter()
-        steps = self.config.decode_steps_per_call
-        self.generate([GenerationRequest("warmup", (0, 0), SamplingParams(
-            temperature=0.0, max_new_tokens=min(steps + 1, self.config.max_seq_len - 2)))])
-        self.stats.clear()
-        logger.info("JaxEngine warm in %.1fs", time.perf_counter() - start)
+        done = threading.Event()
+        with self._cond:
+            self._raise_if_dead()
+            self._warmups.append(done)
+            self._cond.notify_all()
+        while not done.wait(0.05):
+            with self._cond:
+                self._raise_if_dead()
+        logger.info("JaxEngine compiled %d prefill shapes and decode in %.1fs",
+                    len(self._row_buckets) * len(self.config.prefill_buckets),
+                    time.perf_counter() - start)
         return time.perf_counter() - start
 
     def abort(self, request_ids: Sequence[str]) -> None:
@@ -299,14 +311,26 @@ class JaxEngine:
             while True:
                 with self._cond:
                     while not self._closed and not self._has_work_locked():
-                        self._cond.wait()
+                        # Queued requests wait for a held session slot to expire at the latest.
+                        timeout = None
+                        wake = self._hold_expiry() if self._update is None else None
+                        if wake is not None:
+                            timeout = wake - time.monotonic()
+                            if timeout <= 0:
+                                break
+                        self._cond.wait(timeout)
                     if self._closed:
                         break
                     self._queue.extend(self._incoming)
                     self._incoming.clear()
                     aborts, self._aborts = self._aborts, set()
                     releases, self._releases = self._releases, []
+                    warmups, self._warmups = self._warmups, []
                     update = self._update
+                if warmups:
+                    self._compile_all()
+                    for done in warmups:
+                        done.set()
                 for session_id in releases:
                     self._release(session_id)
                 if aborts:
@@ -323,9 +347,8 @@ class JaxEngine:
         self._fail_all(EngineError(f"JaxEngine stopped: {self._error or 'closed'}"))
 
     def _has_work_locked(self) -> bool:
-        return bool(self._incoming or self._aborts or self._releases or self._update
-                    or self._queue and self._update is None
-                    or any(s.job is not None for s in self._slots))
+        return bool(self._incoming or self._aborts or self._releases or self._warmups
+                    or self._update or any(s.job is not None for s in self._slots))
 
     def _fail_all(self, error: EngineError) -> None:
         with self._cond:
@@ -368,47 +391,70 @@ class JaxEngine:
         self.stats["weight_switches"] += 1
 
     def _admit(self, draining: bool) -> None:
-        while self._queue and not draining:
-            job = self._queue[0]
-            if job.future.cancelled():
-                self._queue.popleft()
-                continue
-            slot = self._pick_slot(job)
+        """Place queued requests in slots: a session's next turn first (its slot is waiting for
+        it), then the rest in FIFO order while a slot is free or an idle session's hold ran out."""
+        if draining or not self._queue:
+            return
+        waiting = [job for job in self._queue if not job.future.cancelled()]
+        self._queue.clear()
+        continuations = [job for job in waiting if self._session_slot(job) is not None]
+        blocked = False
+        for job in continuations + [job for job in waiting if job not in continuations]:
+            slot = None if blocked else self._pick_slot(job)
             if slot is None:
-                return  # every slot is busy; try again after the next decode call
-            self._queue.popleft()
+                blocked = True  # FIFO: later requests must not overtake this one
+                self._queue.append(job)
+                continue
             if not job.future.set_running_or_notify_cancel():
                 continue  # cancelled just now
-            reuse = min(_common_prefix(slot.kv_tokens, job.context), len(job.context) - 1)
-            slot.job, slot.kv_len, slot.kv_tokens = job, reuse, []
-            slot.last_used = next(self._clock)
-            session_id = job.request.session_id
-            if session_id is not None:
-                if slot.session_id not in (None, session_id):
-                    self._sessions.pop(slot.session_id, None)
-                slot.session_id = session_id
-                self._sessions[session_id] = slot
-            self.stats["reused_tokens"] += reuse
-            self.stats["requests"] += 1
+            self._place(job, slot)
+
+    def _hold_expiry(self) -> float | None:
+        """When queued requests may next evict an idle session's slot (None: nothing queued)."""
+        if not self._queue:
+            return None
+        held = [s.idle_since + self.config.session_hold_s for s in self._slots
+                if s.job is None and s.session_id is not None]
+        return min(held, default=None)
+
+    def _session_slot(self, job: _Job) -> _Slot | None:
+        session_id = job.request.session_id
+        slot = self._sessions.get(session_id) if session_id is not None else None
+        return slot if slot is not None and slot.job is None else None
+
+    def _place(self, job: _Job, slot: _Slot) -> None:
+        reuse = min(_common_prefix(slot.kv_tokens, job.context), len(job.context) - 1)
+        slot.job, slot.kv_len, slot.kv_tokens = job, reuse, []
+        slot.last_used = next(self._clock)
+        session_id = job.request.session_id
+        if session_id is not None:
+            if slot.session_id not in (None, session_id):
+                self._sessions.pop(slot.session_id, None)
+            previous = self._sessions.get(session_id)
+            if previous is not None and previous is not slot:
+                previous.session_id = None  # the session moved (its old slot was busy)
+            slot.session_id = session_id
+            self._sessions[session_id] = slot
+        self.stats["reused_tokens"] += reuse
+        self.stats["requests"] += 1
 
     def _pick_slot(self, job: _Job) -> _Slot | None:
-        session_id = job.request.session_id
-        if session_id is not None and session_id in self._sessions:
-            slot = self._sessions[session_id]
-            if slot.job is None:
-                return slot
-            self._sessions.pop(session_id)  # its slot is busy with another request: start over
-            slot.session_id = None
+        own = self._session_slot(job)
+        if own is not None:
+            return own
         free = [s for s in self._slots if s.job is None and s.session_id is None]
         if free:
             return max(free, key=lambda s: (_common_prefix(s.kv_tokens, job.context),
                                             -s.last_used))
-        idle = [s for s in self._slots if s.job is None]
-        if not idle:
+        now = time.monotonic()
+        expired = [s for s in self._slots if s.job is None
+                   and s.idle_since + self.config.session_hold_s <= now]
+        if not expired:
             return None
-        victim = min(idle, key=lambda s: s.last_used)  # evict the least recently used session
+        victim = min(expired, key=lambda s: s.last_used)  # least recently used session
         self._sessions.pop(victim.session_id, None)
         victim.session_id = None
+        self.stats["evicted_sessions"] += 1
         return victim
 
     # ------------------------------------------------------------------ compiled calls
@@ -416,6 +462,44 @@ class JaxEngine:
     def _sampling_row(self, job: _Job) -> tuple[float, float, int, int, int]:
         s = job.request.sampling
         return (s.temperature, s.top_p, s.top_k, s.seed % (1 << 32), len(job.tokens))
+
+    @staticmethod
+    def _sampling_columns(sampling: np.ndarray) -> tuple[np.ndarray, ...]:
+        """[rows, 5] (temperature, top_p, top_k, seed, step) -> the compiled steps' dtypes."""
+        return (sampling[:, 0].astype(np.float32), sampling[:, 1].astype(np.float32),
+                sampling[:, 2].astype(np.int32), sampling[:, 3].astype(np.uint32),
+                sampling[:, 4].astype(np.int32))
+
+    def _call_prefill(self, tokens, positions, rows, last, sampling):
+        self._cache, token_p, logprob_p = engine_steps.prefill(
+            self._params, self._cache, tokens, positions, rows, last,
+            *self._sampling_columns(sampling), config=self.model_config)
+        return np.asarray(token_p), np.asarray(logprob_p)
+
+    def _call_decode(self, token, position, active, remaining, stop_ids, sampling, length):
+        self._cache, token_ks, logprob_ks, emitted_ks = engine_steps.decode(
+            self._params, self._cache, token, position, active, remaining, stop_ids,
+            *self._sampling_columns(sampling), config=self.model_config,
+            num_steps=self.config.decode_steps_per_call, length=length)
+        return np.asarray(token_ks), np.asarray(logprob_ks), np.asarray(emitted_ks)
+
+    def _compile_all(self) -> None:
+        """Run every compiled shape once on inert inputs (positions -1, out-of-range rows),
+        which write nothing, so serving never stops to compile."""
+        n = self.config.slots
+        for rows in self._row_buckets:
+            for bucket in self.config.prefill_buckets:
+                sampling = np.zeros((rows, 5))
+                self._call_prefill(np.zeros((rows, bucket), np.int32),
+                                   np.full((rows, bucket), -1, np.int32),
+                                   np.full((rows,), n, np.int32), np.zeros((rows,), np.int32),
+                                   sampling)
+        for length in self._length_buckets:
+            position = np.zeros((n,), np.int32)
+            self._call_decode(np.zeros((n,), np.int32), position, np.zeros((n,), bool),
+                              np.zeros((n,), np.int32),
+                              np.full((n, self.config.max_stop_ids), -1, np.int32),
+                              np.zeros((n, 5)), length)
 
     def _prefill(self) -> None:
         rows = [s for s in self._slots if s.job is not None and len(s.job.context) - s.kv_len > 1]
@@ -448,12 +532,7 @@ class JaxEngine:
             sampling[i] = self._sampling_row(job)
             chunks.append(len(chunk))
         version = self._version
-        self._cache, token_p, logprob_p = engine_steps.prefill(
-            self._params, self._cache, tokens, positions, rows, last,
-            sampling[:, 0].astype(np.float32), sampling[:, 1].astype(np.float32),
-            sampling[:, 2].astype(np.int32), sampling[:, 3].astype(np.uint32),
-            sampling[:, 4].astype(np.int32), config=self.model_config)
-        token_p, logprob_p = np.asarray(token_p), np.asarray(logprob_p)
+        token_p, logprob_p = self._call_prefill(tokens, positions, rows, last, sampling)
         self.stats["prefill_calls"] += 1
         for i, slot in enumerate(slots):
             slot.kv_len += chunks[i]
@@ -481,14 +560,11 @@ class JaxEngine:
             stop_ids[i, :len(ids)] = ids
             sampling[i] = self._sampling_row(job)
         version = self._version
-        self._cache, token_ks, logprob_ks, emitted_ks = engine_steps.decode(
-            self._params, self._cache, token, position, active, remaining, stop_ids,
-            sampling[:, 0].astype(np.float32), sampling[:, 1].astype(np.float32),
-            sampling[:, 2].astype(np.int32), sampling[:, 3].astype(np.uint32),
-            sampling[:, 4].astype(np.int32), config=self.model_config,
-            num_steps=c.decode_steps_per_call)
-        token_ks, logprob_ks = np.asarray(token_ks), np.asarray(logprob_ks)
-        emitted_ks = np.asarray(emitted_ks)
+        # Attend over the smallest length bucket holding every position this call writes.
+        needed = min(int(position[active].max()) + c.decode_steps_per_call, c.max_seq_len)
+        length = next(b for b in self._length_buckets if b >= needed)
+        token_ks, logprob_ks, emitted_ks = self._call_decode(token, position, active, remaining,
+                                                             stop_ids, sampling, length)
         self.stats["decode_calls"] += 1
         for slot in rows:
             i = slot.index
@@ -527,6 +603,7 @@ class JaxEngine:
         slot.kv_tokens = job.context[:slot.kv_len]
         slot.job = None
         slot.last_used = next(self._clock)
+        slot.idle_since = time.monotonic()
         self._resolve(job, reason)
 
     def _resolve(self, job: _Job, reason: FinishReason) -> None:

@@ -46,17 +46,23 @@ def prefill(params: Params, cache: Cache, tokens_pt: jax.Array, positions_pt: ja
     return cache, token_p, logprob_p
 
 
-@functools.partial(jax.jit, static_argnames=("config", "num_steps"), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("config", "num_steps", "length"),
+                   donate_argnames=("cache",))
 def decode(params: Params, cache: Cache, token_s: jax.Array, position_s: jax.Array,
            active_s: jax.Array, remaining_s: jax.Array, stop_ids_sx: jax.Array,
            temperature_s: jax.Array, top_p_s: jax.Array, top_k_s: jax.Array,
-           seed_s: jax.Array, step_s: jax.Array, *, config: ModelConfig, num_steps: int
-           ) -> tuple[Cache, jax.Array, jax.Array, jax.Array]:
+           seed_s: jax.Array, step_s: jax.Array, *, config: ModelConfig, num_steps: int,
+           length: int) -> tuple[Cache, jax.Array, jax.Array, jax.Array]:
     """`num_steps` decode steps over all rows. Row r feeds token_s[r] at position_s[r].
 
+    Only the first `length` cache slots take part (the caller guarantees every position
+    written in this call is < length): attention reads, per step, KV of `length` slots instead
+    of the whole row, so a step costs what the context needs, not what max_seq_len allows.
     A row stays active until it samples one of its stop ids or has emitted remaining_s[r]
     tokens. Returns (cache, token_ks, logprob_ks, emitted_ks): emitted_ks[i, r] says row r
     produced token_ks[i, r] at step i (inactive rows produce nothing and write nothing)."""
+    full = cache
+    cache = {name: jax.lax.slice_in_dim(c, 0, length, axis=2) for name, c in full.items()}
 
     def step(carry, _):
         cache, token_s, position_s, active_s, remaining_s, step_s = carry
@@ -75,4 +81,6 @@ def decode(params: Params, cache: Cache, token_s: jax.Array, position_s: jax.Arr
 
     init = (cache, token_s, position_s, active_s, remaining_s, step_s)
     carry, (token_ks, logprob_ks, emitted_ks) = jax.lax.scan(step, init, None, length=num_steps)
-    return carry[0], token_ks, logprob_ks, emitted_ks
+    cache = {name: jax.lax.dynamic_update_slice_in_dim(full[name], carry[0][name], 0, axis=2)
+             for name in full}
+    return cache, token_ks, logprob_ks, emitted_ks

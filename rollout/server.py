@@ -18,6 +18,7 @@ import argparse
 import logging
 import os
 import signal
+import tempfile
 import threading
 from pathlib import Path
 
@@ -44,6 +45,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-concurrent-groups", type=int, default=RolloutConfig.max_concurrent_groups)
     p.add_argument("--seed", type=int, default=0, help="mixed into every sample's sampling seed")
     p.add_argument("--sglang-url", default="", help="SGLang server URL (engine sglang)")
+    p.add_argument("--compile-cache", default=os.path.join(tempfile.gettempdir(),
+                                                            f"orrery-jax-cache-{os.getuid()}"),
+                   help="JAX persistent compilation cache folder ('' disables); restarts and "
+                        "sibling workers with the same shapes skip compiling")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
@@ -60,7 +65,13 @@ def config_from_args(args: argparse.Namespace) -> RolloutConfig:
 
 def build_engine(args: argparse.Namespace, config: RolloutConfig):
     if config.engine == "jax":
+        import jax
+
         from rollout.engine_jax import JaxEngine
+
+        if args.compile_cache and not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+            jax.config.update("jax_compilation_cache_dir", args.compile_cache)
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
         engine = JaxEngine.from_hf_dir(args.model, config.jax)
         engine.warmup()
@@ -72,17 +83,6 @@ def build_engine(args: argparse.Namespace, config: RolloutConfig):
     from rollout import sglang  # the SGLang engine's module builds itself from these flags
 
     return sglang.build_engine(args)
-
-
-def _open_env():
-    try:
-        from sandbox.client import open_env
-    except ImportError:  # until sandbox.client lands: built-in kinds only
-        from sandbox.envs import make_env
-
-        logger.warning("sandbox.client is missing; serving built-in env kinds only")
-        return make_env
-    return open_env
 
 
 def _write_port(path: str, port: int) -> None:
@@ -99,11 +99,12 @@ def main(argv: list[str] | None = None) -> None:
 
     from model.tokenizer import Tokenizer
     from rollout.agent import AgentLoop
+    from sandbox.client import open_env
     from rollout.service import serve
     from rollout.worker import RolloutWorker
 
     engine = build_engine(args, config)
-    agent = AgentLoop(engine, Tokenizer.from_dir(args.model), _open_env(), config.agent,
+    agent = AgentLoop(engine, Tokenizer.from_dir(args.model), open_env, config.agent,
                       seed=args.seed)
     running = serve(RolloutWorker(engine, agent, config), args.listen)
     host = args.listen.rsplit(":", 1)[0]

@@ -65,6 +65,7 @@ def test_greedy_is_deterministic_and_seeded_sampling_repeats(engine):
     prompt = ragged_prompts(1, seed=1)[0]
     a, b = engine.generate([GenerationRequest("a", prompt, greedy(12)),
                             GenerationRequest("b", prompt, greedy(12))])
+    engine.warmup()  # runs every compiled shape on inert inputs: must change nothing
     c = engine.generate([GenerationRequest("c", prompt, greedy(12))])[0]
     assert a.token_ids == b.token_ids == c.token_ids
     hot = SamplingParams(temperature=1.0, max_new_tokens=12, seed=7)
@@ -124,6 +125,25 @@ def test_session_reuses_kv_and_matches_full_prefill(engine, model):
     assert reused == len(prompt) + len(first.token_ids) - 1
     assert second.token_ids == greedy_reference(params, config, [second_prompt], [10])[0]
     engine.release_session("s")
+
+
+def test_idle_sessions_keep_their_slots_for_a_while_then_yield(model):
+    config, params = model
+    prompts = ragged_prompts(5, seed=9)
+    with JaxEngine(config, params, replace_config(session_hold_s=0.3)) as engine:
+        first = engine.generate([GenerationRequest(f"a{i}", p, greedy(3), session_id=f"s{i}")
+                                 for i, p in enumerate(prompts[:4])])  # all 4 slots held
+        start = time.monotonic()
+        newcomer = engine.submit(GenerationRequest("new", prompts[4], greedy(3)))
+        # Next turns of the held sessions are admitted ahead of the newcomer, cache intact.
+        reused = engine.stats["reused_tokens"]
+        engine.generate([GenerationRequest(f"b{i}", p + g.token_ids + (9,), greedy(3),
+                                           session_id=f"s{i}")
+                         for i, (p, g) in enumerate(zip(prompts, first))])
+        assert engine.stats["reused_tokens"] - reused == sum(
+            len(p) + len(g.token_ids) - 1 for p, g in zip(prompts, first))
+        newcomer.result(timeout=30)
+        assert time.monotonic() - start >= 0.3 and engine.stats["evicted_sessions"] == 1
 
 
 def test_stop_ids_stop_strings_length_top_k_and_abort(engine, tokenizer):

@@ -38,7 +38,8 @@ SPEC = EnvSpec("calc", "calc", tasks=(TASK,), budgets=Budgets(max_turns=2,
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
-    port_file = tmp_path_factory.mktemp("server") / "port"
+    folder = tmp_path_factory.mktemp("server")
+    port_file, log_path = folder / "port", folder / "server.log"
     command = [sys.executable, "-m", "rollout.server", "--engine", "jax",
                "--listen", "127.0.0.1:0", "--port-file", str(port_file),
                "--model", str(tiny_model_dir), "--worker-id", "w-test",
@@ -46,22 +47,23 @@ def server(tiny_model_dir, tmp_path_factory):
                "--prefill-buckets", ",".join(map(str, ENGINE_CONFIG.prefill_buckets)),
                "--decode-steps", str(ENGINE_CONFIG.decode_steps_per_call)]
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", **COMPILE_CACHE_ENV)
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+    with open(log_path, "wb") as log:  # a file, not a pipe: a full pipe would block the server
+        process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log,
+                                   stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
     while not (port_file.exists() and port_file.read_text().strip()):
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
-            pytest.fail(f"rollout.server did not start:\n{process.stdout.read()[-3000:]}")
+            pytest.fail(f"rollout.server did not start:\n{log_path.read_text()[-3000:]}")
         time.sleep(0.1)
     address = f"127.0.0.1:{int(port_file.read_text())}"
     yield address
     process.terminate()
     try:
-        process.wait(timeout=30)
+        process.wait(timeout=60)
     except subprocess.TimeoutExpired:
         process.kill()
-    assert process.returncode == 0, process.stdout.read()[-3000:]
+    assert process.returncode == 0, log_path.read_text()[-3000:]
 
 
 @pytest.fixture
