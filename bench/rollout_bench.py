@@ -8,11 +8,12 @@ skipped when torch/transformers are not installed. (The SGLang CPU server column
 `rollout/sglang.py`'s benchmark.)
 
 Part 2, multi-turn agent throughput (trajectories/s): `--episodes` synthetic episodes of
-`--turns` policy turns whose lengths are drawn uneven (4..`--max-turn` tokens), separated by
-8-token observations, on one engine with `--agent-slots` slots. Continuous: every episode is a
-thread feeding the scheduler (a finished turn's slot is refilled at once; sessions reuse KV).
-Static: episodes run in batches of `slots`; each turn waits for the batch's longest turn and the
-next batch waits for the whole batch (what a static-batch sampler does).
+`--turns` policy turns whose lengths are drawn uneven (4..`--max-turn` tokens), each followed
+by a tool call of uneven latency (0..`--tool-ms`) and an 8-token observation, on one engine
+with `--agent-slots` slots. Continuous: every episode is a thread feeding the scheduler (other
+episodes decode while one waits for its tool; sessions reuse KV). Static: episodes run in
+batches of `slots`; each turn waits for the batch's longest turn and slowest tool, and the next
+batch waits for the whole batch (what a static-batch sampler does).
 
 Part 3, the memory-bandwidth bound: a decode step reads every weight once (shared by the
 batch) plus each row's KV cache. This engine attends over whole cache rows, so it reads
@@ -112,11 +113,12 @@ def _hf_run(model_dir: str, batch: int, prompt: int, new: int, vocab: int) -> fl
 
 
 def agent_throughput(config, params, slots: int, episodes: int, turns: int, max_turn: int,
-                     steps: int) -> tuple[float, float]:
+                     steps: int, tool_ms: float) -> tuple[float, float]:
     rng = np.random.default_rng(1)
     prompts = [tuple(int(t) for t in rng.integers(10, config.vocab_size, 24))
                for _ in range(episodes)]
     lengths = rng.integers(4, max_turn + 1, (episodes, turns))
+    tool_s = rng.uniform(0, tool_ms / 1000, (episodes, turns))  # each tool call's latency
     observation = tuple(range(20, 28))
     engine_config = JaxEngineConfig(slots=slots, max_seq_len=24 + turns * (max_turn + 8) + 8,
                                     prefill_buckets=(16, 64), decode_steps_per_call=steps)
@@ -132,6 +134,7 @@ def agent_throughput(config, params, slots: int, episodes: int, turns: int, max_
             context = list(prompts[e])
             for t in range(turns):
                 context += engine.generate([turn_request(e, t, context)])[0].token_ids
+                time.sleep(tool_s[e, t])  # the tool runs; other episodes keep decoding
                 context += observation
             engine.release_session(f"e{e}")
 
@@ -149,6 +152,7 @@ def agent_throughput(config, params, slots: int, episodes: int, turns: int, max_
             contexts = {e: list(prompts[e]) for e in batch}
             for t in range(turns):
                 outs = engine.generate([turn_request(e, t, contexts[e]) for e in batch])
+                time.sleep(max(tool_s[e, t] for e in batch))  # tools run in parallel
                 for e, gen in zip(batch, outs):
                     contexts[e] += list(gen.token_ids) + list(observation)
             for e in batch:
@@ -176,7 +180,9 @@ def main() -> None:
     parser.add_argument("--decode-steps", type=int, default=8)
     parser.add_argument("--episodes", type=int, default=32)
     parser.add_argument("--turns", type=int, default=3)
-    parser.add_argument("--max-turn", type=int, default=48)
+    parser.add_argument("--max-turn", type=int, default=96)
+    parser.add_argument("--tool-ms", type=float, default=20.0,
+                        help="each tool call takes uniform 0..this many ms")
     parser.add_argument("--agent-slots", type=int, default=8)
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--json", help="also write the results here")
@@ -215,10 +221,11 @@ def main() -> None:
 
         t2 = time.perf_counter()
         continuous, static = agent_throughput(config, params, args.agent_slots, args.episodes,
-                                              args.turns, args.max_turn, args.decode_steps)
+                                              args.turns, args.max_turn, args.decode_steps,
+                                              args.tool_ms)
         print(f"\nagent episodes/s ({args.episodes} episodes x {args.turns} turns of 4..{args.max_turn}"
-              f" tokens, {args.agent_slots} slots): continuous {continuous:.2f}, static "
-              f"{static:.2f}, ratio {continuous / static:.2f}")
+              f" tokens, tools 0..{args.tool_ms:g} ms, {args.agent_slots} slots): continuous "
+              f"{continuous:.2f}, static {static:.2f}, ratio {continuous / static:.2f}")
         results["agent"] = {"continuous_eps": continuous, "static_eps": static}
         print(f"(agent part {time.perf_counter() - t2:.0f}s)")
 

@@ -41,11 +41,18 @@ class JaxEngineConfig:
     decode_steps_per_call: int = 4
     """Decode steps fused into one compiled call (lax.scan); larger amortises dispatch, but a
     freed slot waits up to this many steps to be refilled (recompiles)."""
+    fold_prefill_tokens: int = 16
+    """A request with at most this many unfed tokens (a turn continuation, a prompt sharing a
+    cached prefix) feeds them through decode steps, riding along rows the step computes anyway,
+    instead of a separate prefill call; more go through prefill. 1 disables folding."""
     max_stop_ids: int = 8
     """Most stop token ids one request may carry (recompiles)."""
     session_hold_s: float = 0.5
     """After a session's turn ends, its slot (and KV cache) waits this long for the session's
     next turn before a new request may evict it; tool calls slower than this cost a re-prefill."""
+    continuation_grace_s: float = 0.002
+    """Before the next decode call, wait up to this long for sessions whose turn just ended to
+    send their next turn (so their rows join the call instead of idling through it); 0: never."""
     interrupt_on_update: bool = False
     """False: a weight update waits for in-flight requests to finish on their version (drain).
     True: the switch happens between decode calls and in-flight requests continue on the new
@@ -57,7 +64,8 @@ class JaxEngineConfig:
 
     def __post_init__(self) -> None:
         owner = "JaxEngineConfig"
-        for name in ("slots", "max_seq_len", "decode_steps_per_call", "max_stop_ids"):
+        for name in ("slots", "max_seq_len", "decode_steps_per_call", "fold_prefill_tokens",
+                     "max_stop_ids"):
             _positive_int(owner, name, getattr(self, name))
         buckets = tuple(self.prefill_buckets)
         if not buckets or any(isinstance(b, bool) or not isinstance(b, int) or b <= 0
@@ -71,10 +79,10 @@ class JaxEngineConfig:
         if self.dtype not in DTYPES:
             raise ValueError(f"{owner}.dtype must be one of {DTYPES}, got {self.dtype!r}")
         _positive_float(owner, "update_timeout_s", self.update_timeout_s)
-        if isinstance(self.session_hold_s, bool) or not isinstance(
-                self.session_hold_s, (int, float)) or self.session_hold_s < 0:
-            raise ValueError(f"{owner}.session_hold_s must be a number >= 0, "
-                             f"got {self.session_hold_s!r}")
+        for name in ("session_hold_s", "continuation_grace_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"{owner}.{name} must be a number >= 0, got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)

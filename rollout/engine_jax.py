@@ -4,9 +4,11 @@ What it is: a fixed number of slots, each owning one row of a preallocated KV ca
 [layers, slots, max_seq_len, kv_heads, head_dim]. One background scheduler thread loops:
 
     apply session releases, aborts and a pending weight switch
-    admit waiting requests into free slots (FIFO)
-    prefill rows with 2+ unfed tokens (grouped by prefill bucket, chunked past the last one)
-    decode every row with exactly one unfed token, `decode_steps_per_call` steps at a time
+    admit waiting requests into slots (a session's next turn first, then FIFO)
+    prefill rows with more than `fold_prefill_tokens` unfed tokens (grouped by prefill
+        bucket, chunked past the last one)
+    decode every other busy row, `decode_steps_per_call` steps in one call; a row's few unfed
+        tokens (a turn continuation) are fed first inside those steps, at no extra call
     hand finished generations to their futures
 
 A finished sequence frees its slot, and the next waiting request takes it at the next loop, so
@@ -131,6 +133,7 @@ class JaxEngine:
         self._cache = init_cache(self.model_config, config.slots, config.max_seq_len)
         self._slots = [_Slot(i) for i in range(config.slots)]
         self._sessions: dict[str, _Slot] = {}
+        self._just_finished: set[str] = set()  # sessions whose turn ended in the last loop
         self._queue: collections.deque[_Job] = collections.deque()
         self._clock = itertools.count(1)
         # Decode attends over a power-of-two prefix of each cache row (>= 128 slots).
@@ -321,6 +324,7 @@ class JaxEngine:
                         self._cond.wait(timeout)
                     if self._closed:
                         break
+                    self._await_continuations_locked()
                     self._queue.extend(self._incoming)
                     self._incoming.clear()
                     aborts, self._aborts = self._aborts, set()
@@ -345,6 +349,22 @@ class JaxEngine:
             with self._cond:
                 self._error = exc
         self._fail_all(EngineError(f"JaxEngine stopped: {self._error or 'closed'}"))
+
+    def _await_continuations_locked(self) -> None:
+        """Sessions whose turn just ended usually send their next turn within a millisecond
+        (parse, a fast tool, encode). Waiting that long before the next decode call lets their
+        rows join it instead of idling through it (`continuation_grace_s`)."""
+        waiting = self._just_finished
+        self._just_finished = set()
+        if not waiting or self.config.continuation_grace_s <= 0:
+            return
+        deadline = time.monotonic() + self.config.continuation_grace_s
+        while True:
+            arrived = {job.request.session_id for job in self._incoming}
+            remaining = deadline - time.monotonic()
+            if waiting <= arrived or remaining <= 0 or self._closed:
+                return
+            self._cond.wait(remaining)
 
     def _has_work_locked(self) -> bool:
         return bool(self._incoming or self._aborts or self._releases or self._warmups
@@ -476,12 +496,12 @@ class JaxEngine:
             *self._sampling_columns(sampling), config=self.model_config)
         return np.asarray(token_p), np.asarray(logprob_p)
 
-    def _call_decode(self, token, position, active, remaining, stop_ids, sampling, length):
-        self._cache, token_ks, logprob_ks, emitted_ks = engine_steps.decode(
-            self._params, self._cache, token, position, active, remaining, stop_ids,
-            *self._sampling_columns(sampling), config=self.model_config,
-            num_steps=self.config.decode_steps_per_call, length=length)
-        return np.asarray(token_ks), np.asarray(logprob_ks), np.asarray(emitted_ks)
+    def _call_decode(self, feed, feed_count, position, active, remaining, stop_ids, sampling,
+                     length):
+        self._cache, *out = engine_steps.decode(
+            self._params, self._cache, feed, feed_count, position, active, remaining, stop_ids,
+            *self._sampling_columns(sampling), config=self.model_config, length=length)
+        return tuple(np.asarray(x) for x in out)
 
     def _compile_all(self) -> None:
         """Run every compiled shape once on inert inputs (positions -1, out-of-range rows),
@@ -494,15 +514,17 @@ class JaxEngine:
                                    np.full((rows, bucket), -1, np.int32),
                                    np.full((rows,), n, np.int32), np.zeros((rows,), np.int32),
                                    sampling)
+        k = self.config.decode_steps_per_call
         for length in self._length_buckets:
-            position = np.zeros((n,), np.int32)
-            self._call_decode(np.zeros((n,), np.int32), position, np.zeros((n,), bool),
+            self._call_decode(np.zeros((n, k), np.int32), np.zeros((n,), np.int32),
+                              np.zeros((n,), np.int32), np.zeros((n,), bool),
                               np.zeros((n,), np.int32),
                               np.full((n, self.config.max_stop_ids), -1, np.int32),
                               np.zeros((n, 5)), length)
 
     def _prefill(self) -> None:
-        rows = [s for s in self._slots if s.job is not None and len(s.job.context) - s.kv_len > 1]
+        rows = [s for s in self._slots if s.job is not None
+                and len(s.job.context) - s.kv_len > self.config.fold_prefill_tokens]
         if not rows:
             return
         buckets = self.config.prefill_buckets
@@ -541,11 +563,14 @@ class JaxEngine:
                 self._emit(slot, int(token_p[i]), float(logprob_p[i]), version)
 
     def _decode(self) -> None:
-        rows = [s for s in self._slots if s.job is not None and len(s.job.context) - s.kv_len == 1]
+        n, c = self.config.slots, self.config
+        k = c.decode_steps_per_call
+        rows = [s for s in self._slots if s.job is not None
+                and 1 <= len(s.job.context) - s.kv_len <= c.fold_prefill_tokens]
         if not rows:
             return
-        n, c = self.config.slots, self.config
-        token = np.zeros((n,), np.int32)
+        feed = np.zeros((n, k), np.int32)
+        feed_count = np.zeros((n,), np.int32)
         position = np.zeros((n,), np.int32)
         active = np.zeros((n,), bool)
         remaining = np.zeros((n,), np.int32)
@@ -554,25 +579,33 @@ class JaxEngine:
         sampling[:, 1] = 1.0
         for slot in rows:
             job, i = slot.job, slot.index
-            token[i], position[i], active[i] = job.context[-1], slot.kv_len, True
+            unfed = job.context[slot.kv_len:slot.kv_len + k]
+            feed[i, :len(unfed)] = unfed
+            feed_count[i] = len(job.context) - slot.kv_len
+            position[i], active[i] = slot.kv_len, True
             remaining[i] = min(job.max_new - len(job.tokens), c.max_seq_len - len(job.context))
             ids = sorted(job.stop_ids)
             stop_ids[i, :len(ids)] = ids
             sampling[i] = self._sampling_row(job)
         version = self._version
         # Attend over the smallest length bucket holding every position this call writes.
-        needed = min(int(position[active].max()) + c.decode_steps_per_call, c.max_seq_len)
+        needed = min(int(position[active].max()) + k, c.max_seq_len)
         length = next(b for b in self._length_buckets if b >= needed)
-        token_ks, logprob_ks, emitted_ks = self._call_decode(token, position, active, remaining,
-                                                             stop_ids, sampling, length)
+        token_ks, logprob_ks, emitted_ks, fed_ks = self._call_decode(
+            feed, feed_count, position, active, remaining, stop_ids, sampling, length)
         self.stats["decode_calls"] += 1
+        self.stats["decode_row_steps"] += int(fed_ks.sum())  # / (calls * slots * k): occupancy
         for slot in rows:
             i = slot.index
-            for k in range(c.decode_steps_per_call):
-                if slot.job is None or not emitted_ks[k, i]:
+            for step in range(k):
+                if slot.job is None or not fed_ks[step, i]:
                     break
                 slot.kv_len += 1  # the fed token's k/v is now in the row
-                self._emit(slot, int(token_ks[k, i]), float(logprob_ks[k, i]), version)
+                if emitted_ks[step, i]:
+                    self._emit(slot, int(token_ks[step, i]), float(logprob_ks[step, i]),
+                               version)
+                else:
+                    self.stats["folded_tokens"] += 1
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -602,6 +635,8 @@ class JaxEngine:
         job = slot.job
         slot.kv_tokens = job.context[:slot.kv_len]
         slot.job = None
+        if slot.session_id is not None and reason is not FinishReason.ABORT:
+            self._just_finished.add(slot.session_id)
         slot.last_used = next(self._clock)
         slot.idle_since = time.monotonic()
         self._resolve(job, reason)
