@@ -26,7 +26,7 @@ from rollout.config import AgentConfig
 from rollout.fake import FakeEngine
 from sandbox.api import (Budgets, EnvInfraError, EnvSpec, InfraErrorClass, Outcome, StepResult,
                          Task, ToolResult, ToolSpec)
-from sandbox.envs import make_env
+from sandbox.client import open_env as open_builtin_env
 from tests.rollout.conftest import learner_logprobs
 
 TASK = Task(task_id="t-2+3", prompt="What is 2 + 3?", verifier={"answer": 5, "expression": "2 + 3"})
@@ -47,7 +47,7 @@ def group(spec=CALC, size=1, **sampling) -> GroupRequest:
     return GroupRequest("g", spec, TASK, size, SamplingParams(**sampling))
 
 
-def run(engine, tokenizer, spec=CALC, open_env=make_env, **config):
+def run(engine, tokenizer, spec=CALC, open_env=open_builtin_env, **config):
     loop = AgentLoop(engine, tokenizer, open_env, AgentConfig(**config))
     return loop.run_episode(group(spec), 0)
 
@@ -180,7 +180,7 @@ def test_real_engine_episode_matches_engine_outputs_and_learner_logprobs(engine,
         abort = staticmethod(engine.abort)
 
     spec = dataclasses.replace(CALC, budgets=Budgets(max_turns=3, max_new_tokens_per_turn=8))
-    loop = AgentLoop(Recording(), tokenizer, make_env,
+    loop = AgentLoop(Recording(), tokenizer, open_builtin_env,
                      AgentConfig(plain_reply_is_answer=False, max_consecutive_invalid=3))
     reused_before = engine.stats["reused_tokens"]
     traj = loop.run_episode(GroupRequest("real", spec, TASK, 1, SamplingParams()), 0)
@@ -203,7 +203,7 @@ def test_real_engine_episode_matches_engine_outputs_and_learner_logprobs(engine,
 
 def test_group_runs_samples_concurrently_with_distinct_seeds(engine, tokenizer):
     spec = dataclasses.replace(CALC, budgets=Budgets(max_turns=2, max_new_tokens_per_turn=8))
-    loop = AgentLoop(engine, tokenizer, make_env, AgentConfig(plain_reply_is_answer=False))
+    loop = AgentLoop(engine, tokenizer, open_builtin_env, AgentConfig(plain_reply_is_answer=False))
     request = GroupRequest("grp", spec, TASK, 4, SamplingParams(temperature=1.0, seed=3))
     trajectories = list(loop.run_group(request))
     assert sorted(t.trajectory_id for t in trajectories) == [f"grp:0:{i}" for i in range(4)]
