@@ -15,11 +15,11 @@ A finished sequence frees its slot, and the next waiting request takes it at the
 turns of different lengths keep the batch full. The compiled steps live in
 `rollout/engine_steps.py` (pure functions, `jax.jit` once per shape bucket).
 
-Multi-turn KV reuse: every slot remembers which tokens its cache row holds. A request is placed
-in the slot of its `session_id` when it has one, otherwise in the free slot sharing the longest
-prefix with its prompt; only tokens past that common prefix are prefilled (at least one, to get
-logits). Session slots are kept until `release_session` or until evicted (least recently used)
-to make room. A weight switch invalidates every cached row, because KV computed by old weights
+Multi-turn KV reuse (`rollout/slots.py`): every slot remembers which tokens its cache row
+holds. A request is placed in the slot of its `session_id` when it has one, otherwise in the
+free slot sharing the longest prefix with its prompt; only tokens past that common prefix are
+fed (at least one, to get logits). A session keeps its slot until `release_session`, or until
+its hold (`session_hold_s` after its turn ended) runs out and a waiting request evicts it. A weight switch invalidates every cached row, because KV computed by old weights
 would make new tokens that the new weights would not have made.
 
 Behaviour logprobs (what the learner's importance ratios compare against): for temperature
@@ -45,7 +45,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-import itertools
 import logging
 import threading
 import time
@@ -61,35 +60,9 @@ from model.weights import WeightVersion, load_snapshot
 from rollout import engine_steps
 from rollout.api import EngineError, FinishReason, Generation, GenerationRequest
 from rollout.config import JaxEngineConfig
+from rollout.slots import Job, Slot, SlotTable
 
 logger = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(eq=False)
-class _Job:
-    """One request being served; `context` is prompt + output so far."""
-
-    request: GenerationRequest
-    future: concurrent.futures.Future
-    context: list[int]
-    max_new: int
-    stop_ids: frozenset[int]
-    tokens: list[int] = dataclasses.field(default_factory=list)
-    logprobs: list[float] = dataclasses.field(default_factory=list)
-    versions: list[int] = dataclasses.field(default_factory=list)
-
-
-@dataclasses.dataclass(eq=False)
-class _Slot:
-    """One KV-cache row. `kv_tokens` (idle) or `job.context[:kv_len]` (busy) is what it holds."""
-
-    index: int
-    job: _Job | None = None
-    kv_len: int = 0
-    kv_tokens: list[int] = dataclasses.field(default_factory=list)
-    session_id: str | None = None
-    last_used: int = 0
-    idle_since: float = 0.0
 
 
 @dataclasses.dataclass
@@ -98,14 +71,6 @@ class _Update:
     digest: str
     params: Any
     applied: threading.Event = dataclasses.field(default_factory=threading.Event)
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def _cast_params(params: Any, dtype: str) -> Any:
@@ -131,11 +96,9 @@ class JaxEngine:
         self._version = int(version)
         self._digest = digest
         self._cache = init_cache(self.model_config, config.slots, config.max_seq_len)
-        self._slots = [_Slot(i) for i in range(config.slots)]
-        self._sessions: dict[str, _Slot] = {}
-        self._just_finished: set[str] = set()  # sessions whose turn ended in the last loop
-        self._queue: collections.deque[_Job] = collections.deque()
-        self._clock = itertools.count(1)
+        self._table = SlotTable(config.slots, config.session_hold_s)
+        self._slots = self._table.slots
+        self._queue: collections.deque[Job] = collections.deque()
         # Decode attends over a power-of-two prefix of each cache row (>= 128 slots).
         self._length_buckets = [b for b in (1 << i for i in range(7, 31))
                                 if b < config.max_seq_len] + [config.max_seq_len]
@@ -144,7 +107,7 @@ class JaxEngine:
                              if 4 ** i < config.slots] + [config.slots]
         # Shared with callers, guarded by _cond.
         self._cond = threading.Condition()
-        self._incoming: list[_Job] = []
+        self._incoming: list[Job] = []
         self._aborts: set[str] = set()
         self._releases: list[str] = []
         self._warmups: list[threading.Event] = []
@@ -277,7 +240,7 @@ class JaxEngine:
 
     # ------------------------------------------------------------------ validation
 
-    def _validate(self, request: GenerationRequest) -> _Job:
+    def _validate(self, request: GenerationRequest) -> Job:
         s, c = request.sampling, self.config
         prompt = [int(t) for t in request.prompt_ids]
         if not prompt:
@@ -300,7 +263,7 @@ class JaxEngine:
         if s.max_new_tokens <= 0 or s.temperature < 0 or not 0 < s.top_p <= 1 or s.top_k < 0:
             raise ValueError(f"SamplingParams must have max_new_tokens > 0, temperature >= 0, "
                              f"0 < top_p <= 1, top_k >= 0, got {s}")
-        return _Job(request, concurrent.futures.Future(), prompt, s.max_new_tokens,
+        return Job(request, concurrent.futures.Future(), prompt, s.max_new_tokens,
                     frozenset(s.stop_token_ids))
 
     def _raise_if_dead(self) -> None:
@@ -336,7 +299,7 @@ class JaxEngine:
                     for done in warmups:
                         done.set()
                 for session_id in releases:
-                    self._release(session_id)
+                    self._table.release(session_id)
                 if aborts:
                     self._abort(aborts)
                 if update is not None:
@@ -354,8 +317,7 @@ class JaxEngine:
         """Sessions whose turn just ended usually send their next turn within a millisecond
         (parse, a fast tool, encode). Waiting that long before the next decode call lets their
         rows join it instead of idling through it (`continuation_grace_s`)."""
-        waiting = self._just_finished
-        self._just_finished = set()
+        waiting = self._table.take_just_finished()
         if not waiting or self.config.continuation_grace_s <= 0:
             return
         deadline = time.monotonic() + self.config.continuation_grace_s
@@ -379,11 +341,6 @@ class JaxEngine:
             if not job.future.done():
                 job.future.set_exception(error)
 
-    def _release(self, session_id: str) -> None:
-        slot = self._sessions.pop(session_id, None)
-        if slot is not None:
-            slot.session_id = None
-
     def _abort(self, request_ids: set[str]) -> None:
         kept = collections.deque()
         for job in self._queue:
@@ -401,9 +358,7 @@ class JaxEngine:
         if busy and not self.config.interrupt_on_update:
             return  # drain: wait until in-flight requests finish on their version
         self._params, self._version, self._digest = update.params, update.version, update.digest
-        for slot in self._slots:
-            slot.kv_len = 0  # busy rows re-prefill under the new weights
-            slot.kv_tokens = []
+        self._table.invalidate()  # busy rows re-prefill under the new weights
         with self._cond:
             if self._update is update:
                 self._update = None
@@ -411,75 +366,34 @@ class JaxEngine:
         self.stats["weight_switches"] += 1
 
     def _admit(self, draining: bool) -> None:
-        """Place queued requests in slots: a session's next turn first (its slot is waiting for
-        it), then the rest in FIFO order while a slot is free or an idle session's hold ran out."""
+        """Place queued requests in slots (policy: `rollout/slots.py`): a session's next turn
+        first (its slot is waiting for it), then the rest in FIFO order."""
         if draining or not self._queue:
             return
         waiting = [job for job in self._queue if not job.future.cancelled()]
         self._queue.clear()
-        continuations = [job for job in waiting if self._session_slot(job) is not None]
+        continuations = [job for job in waiting if self._table.session_slot(job) is not None]
+        others = [job for job in waiting if self._table.session_slot(job) is None]
         blocked = False
-        for job in continuations + [job for job in waiting if job not in continuations]:
-            slot = None if blocked else self._pick_slot(job)
+        for job in continuations + others:
+            slot, evicted = (None, False) if blocked else self._table.pick(job, time.monotonic())
             if slot is None:
                 blocked = True  # FIFO: later requests must not overtake this one
                 self._queue.append(job)
                 continue
+            self.stats["evicted_sessions"] += evicted
             if not job.future.set_running_or_notify_cancel():
                 continue  # cancelled just now
-            self._place(job, slot)
+            self.stats["reused_tokens"] += self._table.place(job, slot)
+            self.stats["requests"] += 1
 
     def _hold_expiry(self) -> float | None:
         """When queued requests may next evict an idle session's slot (None: nothing queued)."""
-        if not self._queue:
-            return None
-        held = [s.idle_since + self.config.session_hold_s for s in self._slots
-                if s.job is None and s.session_id is not None]
-        return min(held, default=None)
-
-    def _session_slot(self, job: _Job) -> _Slot | None:
-        session_id = job.request.session_id
-        slot = self._sessions.get(session_id) if session_id is not None else None
-        return slot if slot is not None and slot.job is None else None
-
-    def _place(self, job: _Job, slot: _Slot) -> None:
-        reuse = min(_common_prefix(slot.kv_tokens, job.context), len(job.context) - 1)
-        slot.job, slot.kv_len, slot.kv_tokens = job, reuse, []
-        slot.last_used = next(self._clock)
-        session_id = job.request.session_id
-        if session_id is not None:
-            if slot.session_id not in (None, session_id):
-                self._sessions.pop(slot.session_id, None)
-            previous = self._sessions.get(session_id)
-            if previous is not None and previous is not slot:
-                previous.session_id = None  # the session moved (its old slot was busy)
-            slot.session_id = session_id
-            self._sessions[session_id] = slot
-        self.stats["reused_tokens"] += reuse
-        self.stats["requests"] += 1
-
-    def _pick_slot(self, job: _Job) -> _Slot | None:
-        own = self._session_slot(job)
-        if own is not None:
-            return own
-        free = [s for s in self._slots if s.job is None and s.session_id is None]
-        if free:
-            return max(free, key=lambda s: (_common_prefix(s.kv_tokens, job.context),
-                                            -s.last_used))
-        now = time.monotonic()
-        expired = [s for s in self._slots if s.job is None
-                   and s.idle_since + self.config.session_hold_s <= now]
-        if not expired:
-            return None
-        victim = min(expired, key=lambda s: s.last_used)  # least recently used session
-        self._sessions.pop(victim.session_id, None)
-        victim.session_id = None
-        self.stats["evicted_sessions"] += 1
-        return victim
+        return self._table.hold_expiry() if self._queue else None
 
     # ------------------------------------------------------------------ compiled calls
 
-    def _sampling_row(self, job: _Job) -> tuple[float, float, int, int, int]:
+    def _sampling_row(self, job: Job) -> tuple[float, float, int, int, int]:
         s = job.request.sampling
         return (s.temperature, s.top_p, s.top_k, s.seed % (1 << 32), len(job.tokens))
 
@@ -528,7 +442,7 @@ class JaxEngine:
         if not rows:
             return
         buckets = self.config.prefill_buckets
-        by_bucket: dict[int, list[_Slot]] = collections.defaultdict(list)
+        by_bucket: dict[int, list[Slot]] = collections.defaultdict(list)
         for slot in rows:
             chunk = min(len(slot.job.context) - slot.kv_len, buckets[-1])
             by_bucket[next(b for b in buckets if b >= chunk)].append(slot)
@@ -536,7 +450,7 @@ class JaxEngine:
             for start in range(0, len(group), self.config.slots):
                 self._prefill_rows(bucket, group[start:start + self.config.slots])
 
-    def _prefill_rows(self, bucket: int, slots: list[_Slot]) -> None:
+    def _prefill_rows(self, bucket: int, slots: list[Slot]) -> None:
         num_rows = next(b for b in self._row_buckets if b >= len(slots))
         tokens = np.zeros((num_rows, bucket), np.int32)
         positions = np.full((num_rows, bucket), -1, np.int32)
@@ -609,7 +523,7 @@ class JaxEngine:
 
     # ------------------------------------------------------------------ bookkeeping
 
-    def _emit(self, slot: _Slot, token: int, logprob: float, version: int) -> None:
+    def _emit(self, slot: Slot, token: int, logprob: float, version: int) -> None:
         job = slot.job
         job.tokens.append(token)
         job.logprobs.append(logprob)
@@ -631,17 +545,11 @@ class JaxEngine:
         text = self._decode_text(tokens[-window:])
         return any(s in text for s in stop_strings)
 
-    def _finish(self, slot: _Slot, reason: FinishReason) -> None:
-        job = slot.job
-        slot.kv_tokens = job.context[:slot.kv_len]
-        slot.job = None
-        if slot.session_id is not None and reason is not FinishReason.ABORT:
-            self._just_finished.add(slot.session_id)
-        slot.last_used = next(self._clock)
-        slot.idle_since = time.monotonic()
+    def _finish(self, slot: Slot, reason: FinishReason) -> None:
+        job = self._table.finish(slot, time.monotonic(), continues=reason is not FinishReason.ABORT)
         self._resolve(job, reason)
 
-    def _resolve(self, job: _Job, reason: FinishReason) -> None:
+    def _resolve(self, job: Job, reason: FinishReason) -> None:
         if job.future.done():
             return
         job.future.set_result(Generation(
