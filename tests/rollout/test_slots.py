@@ -28,8 +28,8 @@ def test_free_slot_with_longest_common_prefix_wins_and_reuse_stops_before_the_la
     a, _ = run_and_finish(table, job([1, 2, 3, 4]))
     b, _ = run_and_finish(table, job([5, 6]))  # shares nothing: takes a never-used slot
     assert b is not a
-    _, reuse = run_and_finish(table, job([5, 6, 99, 7]))  # lands on b's cached prefix
-    assert reuse == 3
+    # Lands on b's row, which holds [5, 6]: b's sampled 99 was never fed.
+    assert run_and_finish(table, job([5, 6, 99, 7])) == (b, 2)
     slot, evicted = table.pick(job([1, 2, 3, 4, 5]), 0.0)
     assert slot is a and not evicted
     assert table.place(job([1, 2, 3, 4]), a) == 3  # whole prompt cached: refeed the last one
