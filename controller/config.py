@@ -130,6 +130,8 @@ class EnvConfig:
     """Policy turns per episode."""
     max_new_tokens_per_turn: int = 40
     """Tokens the policy may sample in one turn."""
+    max_total_tokens: int = 256
+    """Prompt plus all turns; also bounds the learner's sequence length (and so its compiled shapes)."""
 
 
 @dataclasses.dataclass(frozen=True)

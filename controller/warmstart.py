@@ -45,7 +45,7 @@ def default_env_spec(env: EnvConfig) -> sandbox_api.EnvSpec:
         kind=env.kind,
         args={"level": env.level, "num_tasks": env.num_tasks, "seed": 0},
         budgets=sandbox_api.Budgets(max_turns=env.max_turns, max_new_tokens_per_turn=env.max_new_tokens_per_turn,
-                                    max_total_tokens=512),
+                                    max_total_tokens=env.max_total_tokens),
         reward=sandbox_api.RewardWeights(outcome=1.0, format=0.1),
         eval_fraction=env.eval_fraction,
     )
