@@ -21,8 +21,9 @@ Failures, by who caused them:
   `max_repeated_calls` times in a row, the episode ends as INVALID_LOOP and is scored;
 - infrastructure (rule 3): EnvInfraError, a missed env/verifier deadline, an engine error or
   timeout, or an unexpected exception from the env end the episode as INFRA_ERROR with its
-  class, reward 0 and empty components. The controller drops INFRA_ERROR and ABORTED
-  trajectories and counts them; they are never scored.
+  class, reward 0 and empty components; an aborted episode (abort, group deadline, shutdown)
+  ends as ABORTED with class WORKER_LOST. The controller drops every trajectory whose
+  infra_error is not NONE and counts it by class; such trajectories are never scored.
 
 Reward: the env's unweighted `Outcome.reward_components` (with "tool_cost" and "safety" filled in
 when the env left them out) combined by `sandbox.api.combine_reward` with the env's weights.
@@ -73,6 +74,9 @@ from sandbox.api import (
 logger = logging.getLogger(__name__)
 
 OpenEnv = Callable[[EnvSpec, Task], Env]
+# An aborted episode (abort, group deadline, shutdown) is one the worker did not deliver: it is
+# flagged like an infra error so that no consumer can mistake it for a scored 0.
+_ABORTED_CLASS = InfraErrorClass.WORKER_LOST
 
 
 class _Stop(Exception):
@@ -235,7 +239,7 @@ class _Episode:
                                          gen.finish_reason))
             self.context.extend(gen.token_ids)
             if gen.finish_reason is FinishReason.ABORT:
-                raise _Stop(Termination.ABORTED)
+                raise _Stop(Termination.ABORTED, _ABORTED_CLASS)
             text = self.loop.tokenizer.decode(gen.token_ids)
             parsed = parse_tool_call(text, tool_names)
             if parsed is None and not self.cfg.plain_reply_is_answer:
@@ -349,7 +353,7 @@ class _Episode:
 
     def _check_abort(self) -> None:
         if self._aborted():
-            raise _Stop(Termination.ABORTED)
+            raise _Stop(Termination.ABORTED, _ABORTED_CLASS)
 
     def _env_call(self, fn: Callable[[], Any], what: str) -> Any:
         return call_with_deadline(fn, self.cfg.env_call_timeout_s, InfraErrorClass.ENV_TIMEOUT,

@@ -18,6 +18,7 @@ import argparse
 import logging
 import os
 import signal
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -123,6 +124,13 @@ def main(argv: list[str] | None = None) -> None:
     close = getattr(engine, "close", None)
     if close is not None:
         close()
+    logger.info("stopped")
+    # Deliberate: skip interpreter teardown. Abandoned daemon threads (an env call past its
+    # deadline, an aborted episode) may still be inside JAX or gRPC, and finalising the
+    # interpreter under them can crash the process after a clean stop.
+    logging.shutdown()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -213,3 +213,4 @@ def test_group_runs_samples_concurrently_with_distinct_seeds(engine, tokenizer):
     abort.set()
     aborted = list(loop.run_group(dataclasses.replace(request, group_id="ab"), abort))
     assert {t.termination for t in aborted} == {Termination.ABORTED}
+    assert {t.infra_error for t in aborted} == {InfraErrorClass.WORKER_LOST}  # never scored
