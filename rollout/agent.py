@@ -8,7 +8,8 @@ What it is: `AgentLoop.run_episode` renders the task (`rollout/chat.py`), then r
     insert the observation tokens (`chat.observation_tokens`, loss-masked)
 
 until the env says done (the `answer` tool), the policy replies without a tool call (that
-reply is its answer), or a budget runs out (turns, tokens, tool cost). `run_group` runs a
+reply is its answer; with `plain_reply_is_answer=False` it is a malformed call instead), or a
+budget runs out (turns, tokens, tool cost, and the engine's context length). `run_group` runs a
 GRPO group's samples as concurrent episodes (threads) on the one shared engine, whose
 scheduler batches their turns, and yields trajectories as they finish.
 

@@ -10,7 +10,8 @@ Invariants (DESIGN.md section 4):
 - Every policy token carries the behaviour logprob it was sampled with and the weight version
   that produced it. Behaviour logprobs are of the temperature-scaled distribution the engine
   actually sampled from (logits / temperature, before top-p/top-k truncation), see
-  `model.decoder.token_logprobs`.
+  `model.decoder.token_logprobs`; for greedy requests (temperature 0), of the temperature-1
+  distribution, log softmax(logits).
 - `token_stream` is the one function that turns a trajectory into (tokens, loss mask, behaviour
   logprobs, versions). The loss mask is 1 on policy tokens and 0 on prompt and environment tokens.
 """
