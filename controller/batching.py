@@ -62,3 +62,19 @@ def make_batch(groups: list[list[Trajectory]], estimator: str, row_multiple: int
     metrics["batch/rows"] = float(batch.num_rows)
     metrics["batch/tokens_per_row"] = float(batch.num_tokens)
     return BatchPlan(batch, kept, metrics)
+
+
+def make_minibatches(groups: list[list[Trajectory]], estimator: str, row_multiple: int, minibatches: int,
+                     skip_zero_advantage: bool = True) -> list[BatchPlan]:
+    """The step's groups as `minibatches` learner batches, one optimiser update each (PPO-style).
+
+    Groups are split whole, so every group's advantages are computed within the group exactly as
+    in one big batch; later updates see ratios away from 1 and the clip keeps them near the data.
+    Constant groups are dropped first, so each minibatch carries signal.
+    """
+    groups = [g for g in groups if g]
+    if skip_zero_advantage:
+        groups = [g for g in groups if len({t.reward for t in g}) > 1]
+    chunks = [groups[i::minibatches] for i in range(minibatches)]
+    plans = [make_batch(chunk, estimator, row_multiple, skip_zero_advantage) for chunk in chunks if chunk]
+    return [p for p in plans if p.batch is not None]

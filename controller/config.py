@@ -78,6 +78,8 @@ class DataConfig:
     """Nucleus sampling of training rollouts."""
     skip_zero_advantage: bool = True
     """Drop groups whose samples all scored the same: they carry no GRPO signal."""
+    minibatches: int = 1
+    """Optimiser updates per step, each on a share of the step's groups (PPO-style reuse of one rollout)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,8 +3,8 @@
     policy (Flax, learner mesh, this process)
       -> Fleet: GRPO groups to rollout workers over gRPC (each runs the agent loop + sandbox)
       -> finished, scored, token-exact trajectories
-      -> batching.make_batch: group advantages, loss mask from `token_stream`
-      -> Learner.train_step (one jit, sharded)
+      -> Pipeline.train: group advantages, loss mask from `token_stream` (controller/batching.py),
+         then Learner.train_step (one jit, sharded), once per minibatch
       -> Learner.publish: Orbax snapshot + WeightVersion -> Fleet.update_weights
       -> metrics (Tracker), eval every N steps, pipeline checkpoint every M steps
 
@@ -19,7 +19,6 @@ import logging
 import time
 
 from controller import stats
-from controller.batching import make_batch
 from controller.config import RunConfig
 from controller.pipeline import Pipeline, every
 
@@ -39,13 +38,7 @@ def run(config: RunConfig) -> dict[str, float]:
             rollout_s = time.perf_counter() - t0
             groups, infra = pipe.collect(results)
 
-            plan = make_batch(groups, config.learner.advantage, pipe.learner.row_multiple,
-                              config.data.skip_zero_advantage)
-            learner_metrics, train_s = {}, 0.0
-            if plan.batch is not None:
-                t0 = time.perf_counter()
-                learner_metrics = pipe.learner.train_step(plan.batch)
-                train_s = time.perf_counter() - t0
+            learner_metrics, trained = pipe.train(groups)
 
             sync_s = pipe.publish()
 
@@ -53,16 +46,13 @@ def run(config: RunConfig) -> dict[str, float]:
             metrics = {
                 **stats.rollout_metrics(scored, pipe.version.version - 1),
                 **stats.infra_metrics(infra),
-                **plan.metrics,
                 **learner_metrics,
                 "perf/rollout_tokens_per_s": sum(t.num_policy_tokens for t in scored) / max(rollout_s, 1e-9),
-                "perf/learner_tokens_per_s": (plan.batch.num_policy_tokens / train_s) if train_s else 0.0,
                 "perf/rollout_s": rollout_s,
-                "perf/train_s": train_s,
                 "perf/weight_sync_s": sync_s,
                 "perf/step_s": time.perf_counter() - started,
             }
-            pipe.finish_step(step, metrics, plan.trajectories)
+            pipe.finish_step(step, metrics, trained)
             if every(config.eval.every, step, config.steps):
                 pipe.evaluate(step)
             if every(config.checkpoint.every, step, config.steps):

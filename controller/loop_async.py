@@ -21,7 +21,6 @@ import queue
 import time
 
 from controller import stats
-from controller.batching import make_batch
 from controller.config import RunConfig
 from controller.pipeline import Pipeline, every
 from rollout.api import Trajectory
@@ -63,13 +62,7 @@ def run(config: RunConfig) -> dict[str, float]:
                 if len(fresh) == config.data.group_size:
                     groups.append(fresh)
 
-            plan = make_batch(groups, config.learner.advantage, pipe.learner.row_multiple,
-                              config.data.skip_zero_advantage)
-            learner_metrics, train_s = {}, 0.0
-            if plan.batch is not None:
-                t0 = time.perf_counter()
-                learner_metrics = pipe.learner.train_step(plan.batch)
-                train_s = time.perf_counter() - t0
+            learner_metrics, trained = pipe.train(groups)
 
             sync_s = pipe.publish()
 
@@ -78,17 +71,14 @@ def run(config: RunConfig) -> dict[str, float]:
             metrics = {
                 **stats.rollout_metrics(scored, pipe.version.version - 1),
                 **stats.infra_metrics(infra),
-                **plan.metrics,
                 **learner_metrics,
                 "staleness/dropped": float(dropped),
                 "perf/rollout_wait_s": waited,
                 "perf/rollout_tokens_per_s": sum(t.num_policy_tokens for t in scored) / max(step_s, 1e-9),
-                "perf/learner_tokens_per_s": (plan.batch.num_policy_tokens / train_s) if train_s else 0.0,
-                "perf/train_s": train_s,
                 "perf/weight_sync_s": sync_s,
                 "perf/step_s": step_s,
             }
-            pipe.finish_step(step, metrics, plan.trajectories)
+            pipe.finish_step(step, metrics, trained)
             if every(config.eval.every, step, config.steps):
                 pipe.evaluate(step)
             if every(config.checkpoint.every, step, config.steps):

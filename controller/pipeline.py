@@ -25,6 +25,7 @@ import yaml
 from controller import config as config_lib
 from controller import stats, warmstart
 from controller.config import RunConfig
+from controller.batching import make_minibatches
 from controller.fleet import Fleet, GroupResult
 from controller.judge import reward_hacking_warning
 from controller.registry import EnvRegistry
@@ -81,6 +82,9 @@ class Pipeline:
         env_spec = warmstart.default_env_spec(config.env)
         model_dir = warmstart.ensure_model(config.model, run_dir, env_spec)
         mesh = make_mesh(config.mesh or None)
+        # The learner's logprobs must mean what the sampler's mean: the same temperature.
+        config = dataclasses.replace(config, learner=dataclasses.replace(config.learner,
+                                                                         temperature=config.data.temperature))
         registry = EnvRegistry()
         tasks = TaskSource(config.seed)
         checkpoints = run_dir / "checkpoints"
@@ -194,6 +198,27 @@ class Pipeline:
             if scored:
                 self.registry.record_results(result.request.env.name, sum(t.true_metric for t in scored), len(scored))
         return groups, infra
+
+    def train(self, groups: list[list[Trajectory]]) -> tuple[dict[str, float], list[Trajectory]]:
+        """One learner step on the step's scored groups: `data.minibatches` optimiser updates."""
+        data = self.config.data
+        plans = make_minibatches(groups, self.config.learner.advantage, self.learner.row_multiple,
+                                 data.minibatches, data.skip_zero_advantage)
+        t0 = time.perf_counter()
+        updates = [self.learner.train_step(plan.batch) for plan in plans]
+        train_s = time.perf_counter() - t0
+        informative = sum(1 for g in groups if len({t.reward for t in g}) > 1)
+        metrics = {
+            "batch/groups": float(sum(1 for g in groups if g)),
+            "batch/skipped_groups": float(sum(1 for g in groups if g) - informative) if data.skip_zero_advantage else 0.0,
+            "batch/updates": float(len(plans)),
+            "perf/train_s": train_s,
+            "perf/learner_tokens_per_s": sum(p.batch.num_policy_tokens for p in plans) / train_s if plans else 0.0,
+        }
+        for key in updates[0] if updates else ():
+            if key.startswith("learner/"):
+                metrics[key] = float(np.mean([u[key] for u in updates if key in u]))
+        return metrics, [t for plan in plans for t in plan.trajectories]
 
     def publish(self, learner: Learner | None = None) -> float:
         """Snapshot the learner's weights as the next version and load it on every worker."""

@@ -99,3 +99,15 @@ def test_admit_checks_the_oldest_token_of_each_sample():
 def test_every_runs_on_period_and_on_the_last_step():
     assert [s for s in range(7) if every(3, s, 7)] == [2, 5, 6]
     assert not any(every(0, s, 7) for s in range(7))
+
+
+def test_minibatches_split_informative_groups_whole():
+    from controller.batching import make_minibatches
+
+    groups = [[_trajectory(1.0, tid=f"{g}a"), _trajectory(0.0, tid=f"{g}b")] for g in range(3)]
+    groups.append([_trajectory(1.0, tid="ca"), _trajectory(1.0, tid="cb")])  # constant: no signal
+    plans = make_minibatches(groups, "grpo", row_multiple=1, minibatches=2)
+    ids = [[t.trajectory_id for t in p.trajectories] for p in plans]
+    assert ids == [["0a", "0b", "2a", "2b"], ["1a", "1b"]]
+    # each group's advantages are the same as in one big batch: +1 / -1
+    np.testing.assert_allclose(plans[1].batch.advantages_bt[:2, 3], [1.0, -1.0], atol=1e-4)
