@@ -14,7 +14,7 @@ Invariants:
   Order is submission order, so a resumed run draws the same envs as an uninterrupted one.
 - An env submitted, paused, resumed or removed between two `sample` calls is seen by the second.
 - `to_state()` is plain JSON; `from_state(to_state())` restores equal specs and counters
-  (specs travel through the protobuf converters of `sandbox/wire.py` and `json_format`).
+  (specs travel as the protobuf JSON mapping, `sandbox.wire.env_spec_to_json`).
 """
 
 from __future__ import annotations
@@ -25,9 +25,7 @@ import threading
 from typing import Any, Iterable, Mapping
 
 import numpy as np
-from google.protobuf import json_format
 
-from orrery.v1 import env_pb2
 from sandbox import api, validation, wire
 
 STATE_FORMAT = 1  # bump when to_state's layout changes
@@ -184,7 +182,7 @@ class EnvRegistry:
             "format": STATE_FORMAT,
             "envs": [
                 {
-                    "spec": json_format.MessageToDict(wire.env_spec_to_proto(e.spec), preserving_proto_field_name=True),
+                    "spec": wire.env_spec_to_json(e.spec),
                     "state": e.state.value,
                     "submitted_step": e.submitted_step,
                     "groups_sampled": e.groups_sampled,
@@ -209,7 +207,7 @@ class EnvRegistry:
             raise ValueError(f"registry state: format must be {STATE_FORMAT}, got {state.get('format')!r}")
         entries: dict[str, _Entry] = {}
         for item in state["envs"]:
-            spec = wire.env_spec_from_proto(json_format.ParseDict(item["spec"], env_pb2.EnvSpec()))
+            spec = wire.env_spec_from_json(item["spec"])
             validation.validate_env_spec(spec, known_kinds=self.known_kinds, limits=self.limits)
             entries[spec.name] = _Entry(
                 spec=spec, state=EnvState(item["state"]), submitted_step=int(item["submitted_step"]),

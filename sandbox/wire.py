@@ -306,3 +306,13 @@ def outcome_to_proto(outcome: api.Outcome) -> env_service_pb2.ScoreResponse:
 
 def outcome_from_proto(m: env_service_pb2.ScoreResponse) -> api.Outcome:
     return api.Outcome(reward_components=dict(m.reward_components), true_metric=m.true_metric, verified=m.verified)
+
+
+def env_spec_to_json(spec: api.EnvSpec) -> dict[str, Any]:
+    """The spec as plain JSON data (the protobuf JSON mapping), e.g. for checkpoint state."""
+    return json_format.MessageToDict(env_spec_to_proto(spec), preserving_proto_field_name=True)
+
+
+def env_spec_from_json(data: Mapping[str, Any]) -> api.EnvSpec:
+    """Inverse of `env_spec_to_json`; unknown fields are an error naming them."""
+    return env_spec_from_proto(json_format.ParseDict(dict(data), env_pb2.EnvSpec()))

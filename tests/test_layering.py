@@ -64,7 +64,6 @@ TEST_ALLOWED: dict[str, frozenset[str]] = {
 # (file, imported module's package) -> why it is tolerated for now. Each entry is a known
 # violation reported to the lead; once the import is gone the test warns that the entry can go.
 KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
-    ("controller/registry.py", "orrery"): "stores env_pb2.EnvSpec for checkpoint state; belongs in a wire.py",
 }
 
 
