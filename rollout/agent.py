@@ -28,6 +28,12 @@ Failures, by who caused them:
 
 Reward: the env's unweighted `Outcome.reward_components` (with "tool_cost" and "safety" filled in
 when the env left them out) combined by `sandbox.api.combine_reward` with the env's weights.
+A learned reward model is one more component: when `EnvSpec.args` has `reward_model: <folder>`
+(written by `rollout.reward_model.save_reward_model`; optional `reward_model_timeout_s`, default
+30), the finished trajectory's token stream (prompt + turns, `rollout.api.token_stream`) is scored
+in a worker process (`rollout.reward_model.RewardModelScorer`, one per folder and timeout, cached
+in the AgentLoop) and added as component "reward_model" (weight `RewardWeights.reward_model`).
+Its timeout or crash is an infra error like any verifier's (VERIFIER_TIMEOUT / VERIFIER_CRASH).
 """
 
 from __future__ import annotations
@@ -58,8 +64,10 @@ from rollout.api import (
     Timings,
     Trajectory,
     Turn,
+    token_stream,
 )
 from rollout.config import AgentConfig
+from rollout.reward_model import RewardModelScorer
 from rollout.tool_parser import parse_tool_call
 from sandbox.api import (
     Env,
@@ -129,6 +137,25 @@ class AgentLoop:
     config: AgentConfig = AgentConfig()
     max_context: int | None = None  # context limit in tokens; None: the engine's `max_context`
     seed: int = 0  # the worker's seed, mixed into every sample's sampling seed
+    _scorers: dict[tuple[str, float], RewardModelScorer] = dataclasses.field(
+        default_factory=dict, init=False, repr=False)
+    _scorers_lock: threading.Lock = dataclasses.field(default_factory=threading.Lock,
+                                                      init=False, repr=False)
+
+    def reward_model(self, folder: str, timeout_s: float) -> RewardModelScorer:
+        """The cached scorer of the reward model in `folder` (one worker per folder and timeout)."""
+        key = (str(folder), float(timeout_s))
+        with self._scorers_lock:
+            if key not in self._scorers:
+                self._scorers[key] = RewardModelScorer(folder, timeout_s)
+            return self._scorers[key]
+
+    def close(self) -> None:
+        """Stop the reward-model workers (they also end with this process)."""
+        with self._scorers_lock:
+            scorers, self._scorers = list(self._scorers.values()), {}
+        for scorer in scorers:
+            scorer.close()
 
     def run_group(self, request: GroupRequest, abort: threading.Event | None = None,
                   deadline_s: float | None = None) -> Iterator[Trajectory]:
@@ -199,8 +226,11 @@ class _Episode:
             outcome = call_with_deadline(lambda: self.env.outcome(self.answer),
                                          self.cfg.env_call_timeout_s,
                                          InfraErrorClass.VERIFIER_TIMEOUT, "env.outcome")
+            model_score = self._reward_model_score(prompt, termination)
             self.timings["verify_s"] = time.monotonic() - verify_start
             components = {k: float(v) for k, v in outcome.reward_components.items()}
+            if model_score is not None:
+                components["reward_model"] = model_score
             components.setdefault("tool_cost", self.tool_cost)
             components.setdefault("safety", float(len(self.violations)))
             reward = combine_reward(components, self.spec.reward)
@@ -223,6 +253,21 @@ class _Episode:
             true_metric=true_metric, safety_violations=tuple(self.violations),
             infra_error=infra, split=self.task.split,
             timings=Timings(total_s=time.monotonic() - start, **self.timings))
+
+    def _reward_model_score(self, prompt: tuple[int, ...], termination: Termination
+                            ) -> float | None:
+        """The learned reward model's score of the finished trajectory; None without one.
+        Raises EnvInfraError (the scorer's deadline and crash handling) on failure."""
+        folder = self.spec.args.get("reward_model")
+        if not folder:
+            return None
+        timeout_s = float(self.spec.args.get("reward_model_timeout_s", 30.0))
+        scored = Trajectory(
+            trajectory_id=self.trajectory_id, task_id=self.task.task_id,
+            env_name=self.spec.name, group_id=self.request.group_id,
+            attempt=self.request.attempt, prompt_ids=prompt, turns=tuple(self.turns),
+            termination=termination, reward_components={}, reward=0.0, true_metric=0.0)
+        return self.loop.reward_model(str(folder), timeout_s).score(token_stream(scored).tokens)
 
     def _loop(self, tool_names: set[str]) -> Termination:
         limit = self.budgets.max_total_tokens
