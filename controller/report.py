@@ -142,7 +142,7 @@ def _line_plot(Figure, save, skipped, plot: Plot, history) -> None:
         axes.set_xlabel("step")
         axes.set_ylabel(panel.ylabel)
         axes.grid(alpha=0.3)
-        axes.legend(fontsize=7)
+        axes.legend(fontsize=7, framealpha=0.4)
     save(figure, plot.name, plot.title)
 
 
@@ -206,7 +206,7 @@ def _staleness(Figure, save, skipped, history, staleness_hist) -> None:
         axes.set_xlabel("step")
         axes.set_ylabel("versions")
         axes.grid(alpha=0.3)
-        axes.legend(fontsize=7)
+        axes.legend(fontsize=7, framealpha=0.4)
     save(figure, "staleness", title)
 
 
