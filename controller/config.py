@@ -134,6 +134,12 @@ class EnvConfig:
     """Tokens the policy may sample in one turn."""
     max_total_tokens: int = 256
     """Prompt plus all turns; also bounds the learner's sequence length (and so its compiled shapes)."""
+    tool_delay_s: float = 0.0
+    """Simulated latency of each calculator call in seconds (calc env arg; 0 = none, for benchmarks)."""
+    slow_fraction: float = 0.0
+    """Share of calculator calls that are slow (deterministic per task and call)."""
+    slow_factor: float = 0.0
+    """A slow call sleeps this many times `tool_delay_s` (a heavy tail, e.g. 10)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,7 +43,9 @@ def default_env_spec(env: EnvConfig) -> sandbox_api.EnvSpec:
     return sandbox_api.EnvSpec(
         name=f"{env.kind}-l{env.level}",
         kind=env.kind,
-        args={"level": env.level, "num_tasks": env.num_tasks, "seed": 0},
+        args={"level": env.level, "num_tasks": env.num_tasks, "seed": 0,
+              # latency args only when set, so default runs keep their args (and model cache stamp)
+              **{k: getattr(env, k) for k in ("tool_delay_s", "slow_fraction", "slow_factor") if getattr(env, k)}},
         budgets=sandbox_api.Budgets(max_turns=env.max_turns, max_new_tokens_per_turn=env.max_new_tokens_per_turn,
                                     max_total_tokens=env.max_total_tokens),
         reward=sandbox_api.RewardWeights(outcome=1.0, format=0.1),

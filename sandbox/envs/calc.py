@@ -13,18 +13,28 @@ answered through the answer tool. The calculator is pure Python: no sandbox, no 
 Tasks are a deterministic function of (level, num_tasks, seed). Expressions are unique within a
 generated set, so the eval split (`EnvSpec.eval_fraction`, a seeded choice) never shares a
 problem with train.
+
+Simulated tool latency (for benchmarks; all default 0 = no delay, today's behaviour exactly):
+`tool_delay_s` seconds slept inside every calculator call, `slow_fraction` the share of calls
+that are slow and `slow_factor` how many times longer a slow call sleeps (a heavy tail, e.g.
+`{tool_delay_s: 0.05, slow_fraction: 0.1, slow_factor: 10}`). Which calls are slow is a
+deterministic function of (task id, index of the calculator call in the episode), see
+`tool_delay`, so every sample of a GRPO group meets the same latencies on the same call.
 """
 
 from __future__ import annotations
 
 import random
 import re
+import time
 
 from sandbox.api import EnvSpec, Task
 from sandbox.envs.base import BuiltinEnv, Score, assign_splits
 from sandbox.tools import calculate
 
 LEVELS = (1, 2, 3)
+
+_sleep = time.sleep  # the delay's clock (tests replace it)
 
 
 def _operand(rng: random.Random, digits: tuple[int, int]) -> int:
@@ -52,6 +62,7 @@ def generate_tasks(spec: EnvSpec) -> list[Task]:
         raise ValueError(f"calc: args.level must be one of {LEVELS}, got {level!r}")
     if num_tasks <= 0:
         raise ValueError(f"calc: args.num_tasks must be > 0, got {num_tasks}")
+    tool_delay(spec.args, "", 0)  # rejects bad latency args at submission, not mid-episode
     rng = random.Random(f"calc/{level}/{seed}")
     expressions: dict[str, None] = {}  # ordered set
     attempts = 0
@@ -83,10 +94,36 @@ def parse_integer(answer: str | None) -> int | None:
     return int(text) if re.fullmatch(r"[+-]?\d{1,400}", text) else None
 
 
+def tool_delay(args, task_id: str, call_index: int) -> float:
+    """Seconds the `call_index`-th calculator call of an episode of `task_id` sleeps (0 by default)."""
+    base = float(args.get("tool_delay_s", 0) or 0)
+    fraction = float(args.get("slow_fraction", 0) or 0)
+    factor = float(args.get("slow_factor", 0) or 0)
+    if base < 0 or not 0 <= fraction <= 1 or factor < 0:
+        raise ValueError(f"calc: need tool_delay_s >= 0, 0 <= slow_fraction <= 1, slow_factor >= 0; "
+                         f"got {base}, {fraction}, {factor}")
+    if base == 0:
+        return 0.0
+    slow = fraction > 0 and random.Random(f"calc-delay/{task_id}/{call_index}").random() < fraction
+    return base * factor if slow else base
+
+
 class CalcEnv(BuiltinEnv):
     KIND = "calc"
     DEFAULT_TOOLS = ("calculator", "answer")
     NEEDS_WORKSPACE = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.tool_delays: list[float] = []  # the delay chosen for each calculator call so far
+
+    def _dispatch(self, call):
+        if call.name == "calculator":
+            delay = tool_delay(self.spec.args, self.task.task_id, len(self.tool_delays))
+            self.tool_delays.append(delay)
+            if delay > 0:
+                _sleep(delay)
+        return super()._dispatch(call)
 
     def score(self, answer: str | None) -> Score:
         value = parse_integer(answer)

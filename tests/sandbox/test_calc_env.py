@@ -142,3 +142,32 @@ def test_budgets_come_from_the_spec():
     env = make_env(env_spec, generate_tasks(env_spec)[0])
     assert [t.name for t in env.tools()] == ["calculator", "answer"]
     assert env.spec.budgets.max_turns == 2
+
+
+def test_tool_delay_is_seeded_by_task_and_call_and_off_by_default(monkeypatch):
+    import time
+
+    from sandbox.envs import calc
+
+    slept: list[float] = []
+    monkeypatch.setattr(calc, "_sleep", slept.append)
+    latency = {"tool_delay_s": 0.001, "slow_fraction": 0.3, "slow_factor": 10}
+
+    def run(args, task, calls=12):
+        env = make_env(EnvSpec("calc", "calc", {"level": 1, "num_tasks": 5, **args}), task)
+        env.reset()
+        started = time.monotonic()
+        for _ in range(calls):
+            assert env.step(ToolCall("calculator", {"expression": "2 + 3"})).observation == "5"
+        return env.tool_delays, time.monotonic() - started  # the clock is reported, never asserted
+
+    tasks = generate_tasks(spec(num_tasks=5))
+    delays, _ = run(latency, tasks[0])
+    assert slept == delays and len(delays) == 12
+    assert set(delays) <= {0.001, 0.01} and 0.01 in delays and 0.001 in delays
+    assert run(latency, tasks[0])[0] == delays  # deterministic per (task id, call index)
+    assert [run(latency, t)[0] for t in tasks[1:]] != [delays] * 4  # and differs across tasks
+    slept.clear()
+    assert run({}, tasks[0])[0] == [0.0] * 12 and slept == []  # default: no delay at all
+    with pytest.raises(ValueError, match="slow_fraction"):
+        generate_tasks(EnvSpec("calc", "calc", {"level": 1, "num_tasks": 5, "slow_fraction": 2}))
