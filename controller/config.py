@@ -146,7 +146,7 @@ class EnvConfig:
 class RunConfig:
     run_dir: str = "runs/default"
     """Where the model, checkpoints, weight snapshots, metrics and report go."""
-    steps: int = 60
+    steps: int = 40
     """Learner steps of RL."""
     mode: str = "sync"
     """'sync': roll out, then train, then publish. 'async': rollouts continue while the learner trains."""
@@ -167,7 +167,9 @@ class RunConfig:
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     env: EnvConfig = EnvConfig()
-    learner: LearnerConfig = LearnerConfig()
+    learner: LearnerConfig = LearnerConfig(learning_rate=2e-4)
+    """The demo's GRPO learning rate, tuned on calc: at 5e-5 held-out success moved ~3 points in 20
+    steps; 2e-4 and 4e-4 gained ~10; 3e-4 with 4 updates per rollout collapsed it."""
 
     def __post_init__(self) -> None:
         if self.mode not in ("sync", "async"):
