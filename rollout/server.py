@@ -118,7 +118,10 @@ def main(argv: list[str] | None = None) -> None:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+    # Wake up now and then: a signal delivered to one of JAX's or gRPC's threads only sets a
+    # flag, and the Python handler runs when the main thread next runs bytecode.
+    while not stop.wait(0.2):
+        pass
     logger.info("stopping (grace %.1fs)", config.shutdown_grace_s)
     running.stop(config.shutdown_grace_s)
     close = getattr(engine, "close", None)

@@ -63,6 +63,7 @@ def server(tiny_model_dir, tmp_path_factory):
         process.wait(timeout=60)
     except subprocess.TimeoutExpired:
         process.kill()
+        process.wait()
     assert process.returncode == 0, log_path.read_text()[-3000:]
 
 

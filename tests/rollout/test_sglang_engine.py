@@ -255,16 +255,21 @@ def test_weight_update_changes_outputs_and_the_version(served):
     assert np.abs(np.asarray(after.logprobs) - ref).max() < LOGPROB_TOL
 
 
+# Long enough that a request is still decoding a second after it was sent, even on an idle
+# machine where SGLang's CPU server makes a few hundred tokens a second; within the context.
+LONG = 1600
+
+
 def test_pause_update_continue_stamps_two_versions_on_a_request_in_flight(served):
     prompt = prompt_of(20, 6, served.vocab)
     old_params, old = served.params, served.engine.version
     future = served.engine.submit(GenerationRequest(
-        "in-flight", prompt, SamplingParams(temperature=0.0, max_new_tokens=400)))
-    time.sleep(1.5)  # well inside the ~400 decode steps (tens of seconds on 2 CPU cores)
+        "in-flight", prompt, SamplingParams(temperature=0.0, max_new_tokens=LONG)))
+    time.sleep(1.0)  # well inside the LONG decode steps (seconds even on an idle machine)
     assert not future.done()
     served.load(peaked(served.params, seed=2))
     gen = future.result(timeout=600)
-    assert gen.finish_reason is FinishReason.LENGTH and len(gen.token_ids) == 400
+    assert gen.finish_reason is FinishReason.LENGTH and len(gen.token_ids) == LONG
     switch = gen.versions.index(old + 1)
     print(f"\nversions: {switch} tokens at v{old}, {len(gen.versions) - switch} at v{old + 1}")
     assert 0 < switch and set(gen.versions[:switch]) == {old}
@@ -279,10 +284,10 @@ def test_pause_update_continue_stamps_two_versions_on_a_request_in_flight(served
 
 def test_abort_returns_the_tokens_so_far(served):
     future = served.engine.submit(GenerationRequest(
-        "to-abort", prompt_of(8, 7, served.vocab), SamplingParams(max_new_tokens=400)))
+        "to-abort", prompt_of(8, 7, served.vocab), SamplingParams(max_new_tokens=LONG)))
     time.sleep(1.0)
     served.engine.abort(["to-abort"])
     gen = future.result(timeout=60)
     assert gen.finish_reason is FinishReason.ABORT
-    assert 0 < len(gen.token_ids) < 400
+    assert 0 < len(gen.token_ids) < LONG
     assert len(gen.logprobs) == len(gen.versions) == len(gen.token_ids)
