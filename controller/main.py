@@ -51,6 +51,11 @@ def main(argv: list[str] | None = None) -> int:
             steps=args.steps, mode=args.mode, max_staleness=args.max_staleness,
             **{"fleet.workers": args.rollout_workers, "fleet.engine": args.engine,
                "fleet.addresses": args.rollout_addresses.split(",") if args.rollout_addresses else None})
+        import jax
+
+        from learner.sharding import parse_mesh_spec
+
+        parse_mesh_spec(config.mesh or None, num_devices=len(jax.devices()))  # a bad --mesh fails here, clearly
     except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
