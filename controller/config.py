@@ -180,6 +180,10 @@ class RunConfig:
             raise ValueError(f"RunConfig.steps must be >= 0, got {self.steps}")
         if self.fleet.engine not in ("jax", "sglang"):
             raise ValueError(f"FleetConfig.engine must be one of ['jax', 'sglang'], got {self.fleet.engine!r}")
+        if self.fleet.engine == "sglang" and not self.fleet.addresses:
+            raise ValueError("FleetConfig.engine 'sglang': the controller does not launch SGLang servers yet; start "
+                             "`python -m rollout.server --engine sglang --sglang-url URL` beside each server and pass "
+                             "--rollout-addresses")
         if not self.fleet.addresses and self.fleet.workers < 1:
             raise ValueError(f"FleetConfig.workers must be >= 1 when no addresses are given, got {self.fleet.workers}")
 
