@@ -46,7 +46,12 @@ def test_fork_bomb_is_capped_by_the_process_limit(any_sandbox):
     r = any_sandbox.run_python("import os\nwhile True:\n    os.fork()", 5)
     assert time.monotonic() - started < 5 + 3
     assert r.exit_status != 0
-    assert r.killed_by in ("processes", "wall_clock")
+    if r.killed_by == "output":
+        # Refused forks print a traceback each; those can fill the output cap before the wall
+        # clock ends the bomb. Then the refusals themselves must show the process limit at work.
+        assert "BlockingIOError" in r.stderr or "Resource temporarily unavailable" in r.stderr, r.stderr[-500:]
+    else:
+        assert r.killed_by in ("processes", "wall_clock")
     assert_healthy(any_sandbox, baseline)
 
 
