@@ -26,7 +26,7 @@ class BatchPlan:
 
 
 def make_batch(groups: list[list[Trajectory]], estimator: str, row_multiple: int,
-               skip_zero_advantage: bool = True, max_tokens: int | None = None) -> BatchPlan:
+               skip_zero_advantage: bool = True) -> BatchPlan:
     """`groups` holds scored trajectories only, one list per GRPO group."""
     groups = [g for g in groups if g]
     if not groups:
@@ -47,10 +47,6 @@ def make_batch(groups: list[list[Trajectory]], estimator: str, row_multiple: int
     if not kept:
         return BatchPlan(None, [], metrics)
     streams = [token_stream(t) for t in kept]
-    if max_tokens is not None:
-        too_long = [len(s.tokens) for s in streams if len(s.tokens) > max_tokens]
-        if too_long:
-            raise ValueError(f"trajectory of {max(too_long)} tokens exceeds the learner's max_tokens={max_tokens}")
     batch = Batch.from_sequences(
         tokens=[s.tokens for s in streams],
         loss_masks=[s.loss_mask for s in streams],
@@ -64,6 +60,18 @@ def make_batch(groups: list[list[Trajectory]], estimator: str, row_multiple: int
     return BatchPlan(batch, kept, metrics)
 
 
+def informative_groups(groups: list[list[Trajectory]]) -> list[list[Trajectory]]:
+    """The non-empty groups whose samples did not all score the same (GRPO signal)."""
+    groups = [g for g in groups if g]
+    if not groups:
+        return []
+    rewards = np.array([t.reward for g in groups for t in g], np.float64)
+    group_ids = np.array([i for i, g in enumerate(groups) for _ in g])
+    constant = adv.constant_groups(rewards, group_ids)
+    first_row = np.cumsum([0] + [len(g) for g in groups[:-1]])
+    return [g for g, row in zip(groups, first_row) if not constant[row]]
+
+
 def make_minibatches(groups: list[list[Trajectory]], estimator: str, row_multiple: int, minibatches: int,
                      skip_zero_advantage: bool = True) -> list[BatchPlan]:
     """The step's groups as `minibatches` learner batches, one optimiser update each (PPO-style).
@@ -72,9 +80,7 @@ def make_minibatches(groups: list[list[Trajectory]], estimator: str, row_multipl
     in one big batch; later updates see ratios away from 1 and the clip keeps them near the data.
     Constant groups are dropped first, so each minibatch carries signal.
     """
-    groups = [g for g in groups if g]
-    if skip_zero_advantage:
-        groups = [g for g in groups if len({t.reward for t in g}) > 1]
+    groups = informative_groups(groups) if skip_zero_advantage else [g for g in groups if g]
     chunks = [groups[i::minibatches] for i in range(minibatches)]
     plans = [make_batch(chunk, estimator, row_multiple, skip_zero_advantage) for chunk in chunks if chunk]
     return [p for p in plans if p.batch is not None]

@@ -207,10 +207,11 @@ class Pipeline:
         t0 = time.perf_counter()
         updates = [self.learner.train_step(plan.batch) for plan in plans]
         train_s = time.perf_counter() - t0
-        informative = sum(1 for g in groups if len({t.reward for t in g}) > 1)
+        scored_groups = sum(1 for g in groups if g)
+        trained_groups = sum(len({t.group_id for t in plan.trajectories}) for plan in plans)
         metrics = {
-            "batch/groups": float(sum(1 for g in groups if g)),
-            "batch/skipped_groups": float(sum(1 for g in groups if g) - informative) if data.skip_zero_advantage else 0.0,
+            "batch/groups": float(scored_groups),
+            "batch/skipped_groups": float(scored_groups - trained_groups),
             "batch/updates": float(len(plans)),
             "perf/train_s": train_s,
             "perf/learner_tokens_per_s": sum(p.batch.num_policy_tokens for p in plans) / train_s if plans else 0.0,
@@ -315,7 +316,7 @@ class Pipeline:
             "eval_success_after": after,
             "eval_success_gain_pp": 100 * (after - before),
             "reward_mean_last": self.history[-1].get("reward/mean", float("nan")) if self.history else float("nan"),
-            "reward_true_metric_corr_mean": float(np.mean([h.get("reward/true_metric_corr", 0.0) for h in self.history])) if self.history else float("nan"),
+            "reward_true_metric_corr_mean": _mean_defined(h.get("reward/true_metric_corr") for h in self.history),
             "rollout_tokens_per_s": float(np.mean([h["perf/rollout_tokens_per_s"] for h in perf])) if perf else 0.0,
             "learner_tokens_per_s": float(np.mean([h.get("perf/learner_tokens_per_s", 0.0) for h in perf])) if perf else 0.0,
             "weight_sync_s": float(np.mean([h.get("perf/weight_sync_s", 0.0) for h in perf])) if perf else 0.0,
@@ -326,6 +327,12 @@ class Pipeline:
         report = write_report(self.run_dir, load_history(self.run_dir), summary, self.staleness)
         print(format_summary(summary, report))
         return summary
+
+
+def _mean_defined(values) -> float:
+    """Mean of the values that were logged (NaN when none were)."""
+    defined = [v for v in values if v is not None]
+    return float(np.mean(defined)) if defined else float("nan")
 
 
 def format_summary(summary: dict[str, Any], report: pathlib.Path) -> str:

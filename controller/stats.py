@@ -2,8 +2,8 @@
 
 The names are DESIGN.md section 6's. Success is the held-out true metric, never the reward:
 `rollout/success_rate` is the mean `true_metric`, `reward/mean` the mean training reward,
-and `reward/true_metric_corr` their Pearson correlation across this step's trajectories (0 when
-either is constant: no evidence either way). Infra-error trajectories are counted under
+and `reward/true_metric_corr` their Pearson correlation across this step's trajectories (not
+logged when either is constant: no evidence either way, see `controller.judge`). Infra-error trajectories are counted under
 `infra/errors/<class>` and excluded from every other number.
 """
 
@@ -14,6 +14,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
+from controller.judge import reward_true_metric_corr
 from rollout.api import EnvTurn, Termination, Trajectory
 from sandbox.api import InfraErrorClass
 
@@ -27,12 +28,6 @@ def split_infra(trajectories: Iterable[Trajectory]) -> tuple[list[Trajectory], c
         else:
             scored.append(t)
     return scored, errors
-
-
-def correlation(x: np.ndarray, y: np.ndarray) -> float:
-    if len(x) < 2 or np.std(x) == 0 or np.std(y) == 0:
-        return 0.0
-    return float(np.corrcoef(x, y)[0, 1])
 
 
 def rollout_metrics(trajectories: list[Trajectory], learner_version: int, prefix: str = "rollout") -> dict[str, float]:
@@ -62,7 +57,9 @@ def rollout_metrics(trajectories: list[Trajectory], learner_version: int, prefix
         metrics["reward/mean"] = float(rewards.mean())
         metrics["reward/std"] = float(rewards.std())
         metrics["reward/true_metric"] = float(truth.mean())
-        metrics["reward/true_metric_corr"] = correlation(rewards, truth)
+        corr = reward_true_metric_corr(rewards.tolist(), truth.tolist())
+        if corr is not None:
+            metrics["reward/true_metric_corr"] = corr
         if len(staleness):
             metrics["staleness/mean"] = float(staleness.mean())
             metrics["staleness/max"] = float(staleness.max())
