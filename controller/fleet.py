@@ -39,6 +39,10 @@ from sandbox.api import InfraErrorClass
 logger = logging.getLogger(__name__)
 
 
+class FleetError(RuntimeError):
+    """The fleet could not be brought up: a worker did not start or is unreachable."""
+
+
 @dataclasses.dataclass
 class GroupResult:
     request: GroupRequest
@@ -79,9 +83,19 @@ class Fleet:
                 self._workers.append(_Worker(f"remote-{i}", address, RolloutClient(address)))
         else:
             spawned = [self._spawn(i) for i in range(self.config.workers)]
-            self._workers.extend(self._await_port(*item) for item in spawned)
+            try:
+                self._workers.extend(self._await_port(*item) for item in spawned)
+            except FleetError:
+                for _, process, _, _ in spawned:  # the ones not yet in self._workers too
+                    if process.poll() is None:
+                        process.kill()
+                        process.wait()
+                raise
         for worker in self._workers:
-            info = worker.client.info(deadline_s=self.config.call_deadline_s)
+            try:
+                info = worker.client.info(deadline_s=self.config.call_deadline_s)
+            except RolloutError as error:
+                raise FleetError(f"rollout worker {worker.name} at {worker.address} is not reachable: {error}") from None
             logger.info("rollout worker %s at %s: engine=%s version=%d", worker.name, worker.address,
                         info.engine, info.version)
 
@@ -135,14 +149,14 @@ class Fleet:
         while time.monotonic() < deadline:
             if process.poll() is not None:
                 tail = log_path.read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"rollout worker {name} exited with {process.returncode} while starting; "
+                raise FleetError(f"rollout worker {name} exited with {process.returncode} while starting; "
                                    f"last log lines:\n{tail}")
             if port_file.exists() and port_file.read_text().strip():
                 address = f"127.0.0.1:{int(port_file.read_text().strip())}"
                 return _Worker(name, address, RolloutClient(address), process, log_path)
             time.sleep(0.1)
         process.kill()
-        raise TimeoutError(f"rollout worker {name} did not report a port within {self.config.start_timeout_s}s; "
+        raise FleetError(f"rollout worker {name} did not report a port within {self.config.start_timeout_s}s; "
                            f"see {log_path}")
 
     def _revive(self, worker: _Worker) -> None:

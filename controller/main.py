@@ -63,7 +63,13 @@ def main(argv: list[str] | None = None) -> int:
         from controller.loop_async import run
     else:
         from controller.loop import run
-    summary = run(config)
+    from controller.fleet import FleetError
+
+    try:
+        summary = run(config)
+    except FleetError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     return 0 if summary.get("steps", 0) == config.steps else 1
 
 

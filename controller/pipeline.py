@@ -108,7 +108,12 @@ class Pipeline:
         (run_dir / "controller.port").write_text(str(port))
 
         fleet = Fleet(config.fleet, model_dir, run_dir, seed=config.seed)
-        fleet.start()
+        try:
+            fleet.start()
+        except BaseException:
+            fleet.close()  # no orphaned workers when one of them fails to come up
+            server.stop(grace=0)
+            raise
         status.update(rollout_workers=fleet.size)
         tracker = MultiTracker([JsonlTracker(run_dir), TensorBoardTracker(run_dir), ConsoleTracker(config.steps)])
         return cls(config, run_dir, model_dir, learner, fleet, registry, tasks, tracker, status, server, port,
