@@ -48,7 +48,7 @@ def run(config: RunConfig) -> dict[str, float]:
         for step in range(pipe.step, config.steps):
             started = time.perf_counter()
 
-            groups, infra, dropped, waited = [], {}, 0, 0.0
+            groups, infra, dropped, partial, waited = [], {}, 0, 0, 0.0
             while len(groups) < config.data.groups_per_step:
                 t0 = time.perf_counter()
                 future = finished.get()
@@ -61,6 +61,8 @@ def run(config: RunConfig) -> dict[str, float]:
                 dropped += stale
                 if len(fresh) == config.data.group_size:
                     groups.append(fresh)
+                else:  # a group short of samples (stale or infra-lost) would bias its advantages
+                    partial += 1
 
             learner_metrics, trained = pipe.train(groups)
 
@@ -73,6 +75,7 @@ def run(config: RunConfig) -> dict[str, float]:
                 **stats.infra_metrics(infra),
                 **learner_metrics,
                 "staleness/dropped": float(dropped),
+                "batch/dropped_partial_groups": float(partial),
                 "perf/rollout_wait_s": waited,
                 "perf/rollout_tokens_per_s": sum(t.num_policy_tokens for t in scored) / max(step_s, 1e-9),
                 "perf/weight_sync_s": sync_s,

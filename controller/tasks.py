@@ -48,7 +48,7 @@ class TaskSource:
 
     def _tasks(self, spec: EnvSpec) -> _EnvTasks:
         known = self._envs.get(spec.name)
-        if known is None or self._specs[spec.name] != spec:
+        if known is None or (self._specs[spec.name] is not spec and self._specs[spec.name] != spec):
             tasks = self._lister(spec)
             train = [t for t in tasks if t.split == "train"]
             if not train:
