@@ -4,6 +4,10 @@
     python -m controller.client --addr 127.0.0.1:50051 envs | get NAME | pause NAME | resume NAME
     python -m controller.client --addr 127.0.0.1:50051 remove NAME | status | watch [--prefix rollout/]
 
+A controller that requires tokens gets one from `--token-file F` or the ORRERY_TOKEN environment
+variable (never from a flag's value, which other users could read in the process list);
+`--tls-ca` (and `--tls-cert`/`--tls-key` for mutual TLS) connect over TLS.
+
 Every call has a deadline (`deadline_s`); `watch` has none, because its stream lasts the run (it
 ends when the run does, or on Ctrl-C). A failed call raises `ControllerError` naming the method,
 the peer, the status code and the server's message; the CLI prints that as one line to stderr
@@ -39,6 +43,7 @@ import yaml
 
 from controller.registry import EnvRecord, EnvState
 from controller.service import RunSnapshot
+from orrery.security import ClientSecurity, SecurityError, client_channel
 from orrery.v1 import controller_pb2, controller_pb2_grpc
 from sandbox import api, wire
 
@@ -140,10 +145,11 @@ def _run_snapshot_from_proto(message: controller_pb2.GetRunStatusResponse) -> Ru
 class ControllerClient:
     """A connection to one controller. Thread-safe; `close()` (or `with`) releases the channel."""
 
-    def __init__(self, addr: str, deadline_s: float = 10.0):
+    def __init__(self, addr: str, deadline_s: float = 10.0, security: ClientSecurity = ClientSecurity()):
         self.addr = addr
         self.deadline_s = deadline_s
-        self._channel = grpc.insecure_channel(addr)
+        # Specs are capped at a few MiB each (SpecLimits); a list of many of them can be large.
+        self._channel = client_channel(addr, security, max_receive_bytes=256 << 20, max_send_bytes=16 << 20)
         self._stub = controller_pb2_grpc.ControllerServiceStub(self._channel)
 
     def __enter__(self) -> "ControllerClient":
@@ -201,6 +207,8 @@ class ControllerClient:
 
 # -- the CLI -------------------------------------------------------------------------------------
 
+TOKEN_ENV = "ORRERY_TOKEN"  # where the CLI finds the token without --token-file (never a flag value)
+
 HEADLINE = ("rollout/success_rate", "reward/mean", "reward/true_metric", "staleness/mean", "learner/loss",
             "perf/rollout_tokens_per_s")
 
@@ -223,6 +231,12 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m controller.client", description="Talk to an Orrery controller.")
     parser.add_argument("--addr", required=True, help="controller address, HOST:PORT")
     parser.add_argument("--deadline-s", type=float, default=10.0, help="deadline of each call in seconds")
+    parser.add_argument("--token-file", default="",
+                        help=f"file holding the bearer token (default: the {TOKEN_ENV} environment variable)")
+    parser.add_argument("--tls-ca", default="", help="PEM CA of the controller's certificate (TLS)")
+    parser.add_argument("--tls-cert", default="", help="PEM client certificate (mutual TLS)")
+    parser.add_argument("--tls-key", default="", help="PEM key of --tls-cert")
+    parser.add_argument("--tls-server-name", default="", help="name to check the certificate against")
     commands = parser.add_subparsers(dest="command", required=True)
     submit = commands.add_parser("submit", help="submit an env from a YAML file")
     submit.add_argument("path", help="env.yaml (an EnvSpec)")
@@ -240,10 +254,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    security = ClientSecurity(token_file=args.token_file, token_env=TOKEN_ENV, tls_ca=args.tls_ca,
+                              tls_cert=args.tls_cert, tls_key=args.tls_key, tls_server_name=args.tls_server_name)
     try:
-        with ControllerClient(args.addr, deadline_s=args.deadline_s) as client:
+        with ControllerClient(args.addr, deadline_s=args.deadline_s, security=security) as client:
             return _run(client, args)
-    except (ControllerError, EnvFileError) as error:
+    except (ControllerError, EnvFileError, SecurityError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

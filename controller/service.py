@@ -13,7 +13,10 @@ Errors are mapped, never leaked as tracebacks:
                                with its traceback)
 
 `serve_controller` also turns on server reflection (so `grpcurl` and friends work) and the
-standard health service (SERVING for "" and "orrery.v1.ControllerService").
+standard health service (SERVING for "" and "orrery.v1.ControllerService"). Access control
+(`orrery.security`, before any handler here runs): UNAUTHENTICATED without a known token,
+PERMISSION_DENIED without the method's role (`envs.write` to change envs, `read` to look),
+RESOURCE_EXHAUSTED past a client's rate of env changes. Health is open; reflection needs a token.
 
 This is the only module of `controller/` besides `client.py` that uses the generated proto code.
 """
@@ -22,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import ipaddress
 import logging
 import math
 import queue
@@ -35,6 +37,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from controller.registry import DuplicateEnvError, EnvRecord, EnvRegistry, EnvState, UnknownEnvError
+from orrery.security import ServerSecurity, bind, make_server
 from orrery.v1 import controller_pb2, controller_pb2_grpc, weights_pb2
 from sandbox import validation, wire
 
@@ -43,6 +46,8 @@ logger = logging.getLogger(__name__)
 SERVICE_NAME = controller_pb2.DESCRIPTOR.services_by_name["ControllerService"].full_name
 SUBSCRIBER_QUEUE = 1024  # steps buffered per metrics subscriber; the oldest is dropped beyond this
 STREAM_POLL_S = 0.25  # how often a StreamMetrics handler checks that its client is still there
+# The env changes metered per client (ServerSecurity.submit_per_minute / submit_burst).
+RATE_LIMITED = tuple(f"/{SERVICE_NAME}/{m}" for m in ("SubmitEnv", "PauseEnv", "ResumeEnv", "RemoveEnv"))
 
 
 # -- what the loop updates -----------------------------------------------------------------------
@@ -312,27 +317,24 @@ def serve_controller(
     status: RunStatusSource,
     listen: str = "127.0.0.1:0",
     *,
-    credentials: grpc.ServerCredentials | None = None,
-    interceptors: tuple = (),
+    security: ServerSecurity = ServerSecurity(),
     max_workers: int = 16,
 ) -> tuple[grpc.Server, int]:
     """Start ControllerService (+ reflection + health) on `listen`; return (server, bound port).
 
-    Without `credentials` only a loopback address is accepted: env submission runs code the
-    client chose, so an open port needs TLS (issue 8). Each metrics stream holds one of the
-    `max_workers` threads while it lasts. Stop with `server.stop(grace)`.
+    `security` guards the door (orrery/security.py): without a TLS certificate and a tokens file
+    only a loopback address is accepted, since env submission makes the workers run what the
+    client chose; with a tokens file every call needs a token with the method's role; env
+    changes are rate-limited per client. Each metrics stream holds one of the `max_workers`
+    threads while it lasts, so at most `max_workers` streams and calls run at once and further
+    ones queue up to a bound, then get RESOURCE_EXHAUSTED. Stop with `server.stop(grace)`.
     """
-    host = listen.rsplit(":", 1)[0].strip("[]")
-    if credentials is None and not _is_loopback(host):
-        raise ValueError(f"serve_controller: listen {listen!r} is not a loopback address; "
-                         "pass TLS credentials to listen on other interfaces")
     # Room for the largest spec we accept, so an oversized one gets check_message_size's error.
     max_message = registry.limits.max_spec_bytes + (64 << 10)
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="controller-grpc"),
-        interceptors=interceptors,
-        options=[("grpc.max_receive_message_length", max_message)],
-    )
+    server, _ = make_server(
+        "ControllerService", listen, security, max_workers=max_workers, max_receive_bytes=max_message,
+        max_send_bytes=64 << 20, thread_name_prefix="controller-grpc", rate_limited=RATE_LIMITED,
+        maximum_concurrent_rpcs=4 * max_workers)
     controller_pb2_grpc.add_ControllerServiceServicer_to_server(ControllerServicer(registry, status), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -340,18 +342,7 @@ def serve_controller(
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     reflection.enable_server_reflection(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
-    port = server.add_secure_port(listen, credentials) if credentials else server.add_insecure_port(listen)
-    if not port:
-        raise RuntimeError(f"serve_controller: could not bind {listen!r}")
+    port = bind(server, "ControllerService", listen, security)
     server.start()
     logger.info("ControllerService listening on %s (port %d)", listen, port)
     return server, port
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

@@ -6,9 +6,11 @@
     sandbox    -> orrery
     model      -> (nothing)
 
-`orrery` is the generated protobuf package. Outside `orrery/` itself and the tests, only the
-files that sit on the wire may import it: wire.py (converters), service.py, server.py and
-client.py. Every other file works with the Python dataclasses.
+`orrery` holds the generated protobuf code (`orrery.v1`) and the hand-written access control
+(`orrery.security`). Outside `orrery/` itself and the tests, only the files that sit on the wire
+may import the generated code: wire.py (converters), service.py, server.py and client.py. Every
+other file works with the Python dataclasses; any file of a package that may import orrery may
+import `orrery.security`.
 
 Tests: tests/<package>/ may import <package> and what <package> may import (the same set
 its Bazel py_test can import), `orrery` included only where the package may import it, but
@@ -102,6 +104,13 @@ def imported_modules(tree: ast.AST) -> Iterator[tuple[int, str]]:
                 yield node.lineno, first.value
 
 
+def _generated(module: str) -> bool:
+    """Whether `module` is generated protobuf code (orrery.v1...); orrery.security is hand-written
+    and open to every package that may import orrery. `from orrery import v1` is judged by its
+    second name, "orrery.v1"."""
+    return module.split(".")[:2] == ["orrery", "v1"]
+
+
 def check_file(path: pathlib.Path, rel: str, owner: str, allowed: frozenset[str], *,
                is_test: bool) -> list[Violation]:
     """Violations in one file owned by `owner` (a package, or a tests folder when is_test)."""
@@ -125,7 +134,7 @@ def check_file(path: pathlib.Path, rel: str, owner: str, allowed: frozenset[str]
             continue
         if is_test:
             continue
-        if top == "orrery" and path.name not in WIRE_FILES:
+        if top == "orrery" and _generated(module) and path.name not in WIRE_FILES:
             seen.add((line, top))
             found.append(Violation(rel, line, module, "generated protobuf code may be imported only from "
                                    + ", ".join(sorted(WIRE_FILES)) + "; use the package's dataclasses"))
