@@ -18,6 +18,7 @@ from typing import Any, Mapping
 import yaml
 
 from learner.config import LearnerConfig
+from orrery.security import ClientSecurity, ServerSecurity, check_listen
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +63,9 @@ class FleetConfig:
     """Longest a spawned worker may take to report its port."""
     max_group_retries: int = 2
     """Times a group lost to an infra error is retried on another worker before it is dropped."""
+    security: ClientSecurity = ClientSecurity()
+    """How to reach `addresses` workers: their CA (TLS), a client certificate, the token file (role
+    internal). Spawned workers get a fresh token of their own (docs/threat-model.md)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,6 +171,9 @@ class RunConfig:
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     env: EnvConfig = EnvConfig()
+    security: ServerSecurity = ServerSecurity()
+    """ControllerService's TLS, tokens file and submission rate limit; listening beyond loopback needs
+    TLS and a tokens file (orrery/security.py, docs/threat-model.md)."""
     learner: LearnerConfig = LearnerConfig(learning_rate=2e-4)
     """The demo's GRPO learning rate, tuned on calc: at 5e-5 held-out success moved ~3 points in 20
     steps; 2e-4 and 4e-4 gained ~10; 3e-4 with 4 updates per rollout collapsed it."""
@@ -186,6 +193,7 @@ class RunConfig:
                              "--rollout-addresses")
         if not self.fleet.addresses and self.fleet.workers < 1:
             raise ValueError(f"FleetConfig.workers must be >= 1 when no addresses are given, got {self.fleet.workers}")
+        check_listen("ControllerService", self.listen, self.security)  # a refused address: one line, before anything starts
 
     @property
     def run_path(self) -> pathlib.Path:
