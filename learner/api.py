@@ -40,10 +40,21 @@ def next_power_of_two(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
+def next_bucket(n: int) -> int:
+    """Smallest of 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (2^k and 3 * 2^k) that is >= n.
+
+    Half-octave buckets: a batch pads by less than 1.5x (2x with powers of two alone, which
+    cost the demo's learner ~25% of its step on padding) for twice as many compiled shapes."""
+    n = max(int(n), 1)
+    power = next_power_of_two(n)
+    three_quarters = 3 * power // 4
+    return three_quarters if power >= 4 and n <= three_quarters else power
+
+
 def bucket_rows(rows: int, row_multiple: int) -> int:
-    """Rows padded to row_multiple * (a power of two): few distinct shapes, < 2x waste."""
+    """Rows padded to row_multiple * `next_bucket`: few distinct shapes, < 1.5x waste."""
     groups = math.ceil(max(rows, 1) / row_multiple)
-    return row_multiple * next_power_of_two(groups)
+    return row_multiple * next_bucket(groups)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,8 +167,8 @@ class Batch:
 
         Each argument is one entry per sequence, 1-D over that sequence's tokens (same
         alignment as the fields). `advantages` entries may be scalars (a sequence-level
-        advantage, broadcast to its policy tokens). T is padded to the next power of two
-        (at least `min_tokens`); rows to `bucket_rows(n, row_multiple)` — use
+        advantage, broadcast to its policy tokens). T is padded to `next_bucket` (2^k or
+        3 * 2^k, at least `min_tokens`); rows to `bucket_rows(n, row_multiple)` — use
         `Learner.row_multiple` (data-parallel size x microbatches). `bucket=False` pads only
         to multiples (T to a multiple of `min_tokens`).
         """
@@ -174,7 +185,7 @@ class Batch:
         lengths = [len(t) for t in tokens]
         longest = max(max(lengths), 1)
         if bucket:
-            cols = max(next_power_of_two(longest), min_tokens)
+            cols = max(next_bucket(longest), min_tokens)
         else:
             cols = min_tokens * math.ceil(longest / min_tokens)
         rows = bucket_rows(n, row_multiple) if bucket else \

@@ -9,7 +9,7 @@ Run: `.venv/bin/python -m pytest tests/learner/test_batch.py -q`
 import numpy as np
 import pytest
 
-from learner.api import Batch, bucket_rows
+from learner.api import Batch, bucket_rows, next_bucket
 
 
 def test_from_sequences_pads_to_buckets():
@@ -18,9 +18,9 @@ def test_from_sequences_pads_to_buckets():
     logp = [-np.ones(5), -np.ones(9), -np.ones(3)]
     batch = Batch.from_sequences(tokens, masks, logp, [1.0, -1.0, np.array([0, 2.0, 3.0])],
                                  row_multiple=4, min_tokens=8)
-    # longest 9 -> 16 columns; 3 rows -> 4 (row_multiple 4 x next power of two of 1)
-    assert batch.tokens_bt.shape == (4, 16)
-    assert batch.attention_mask_bt[1].tolist() == [1] * 9 + [0] * 7
+    # longest 9 -> 12 columns (the half-octave bucket); 3 rows -> 4 (row_multiple 4 x 1)
+    assert batch.tokens_bt.shape == (4, 12)
+    assert batch.attention_mask_bt[1].tolist() == [1] * 9 + [0] * 3
     assert batch.attention_mask_bt[3].sum() == 0  # padding row
     # scalar advantage broadcast to policy tokens only
     assert batch.advantages_bt[0, :5].tolist() == [0, 0, 1, 1, 1]
@@ -30,10 +30,19 @@ def test_from_sequences_pads_to_buckets():
     assert batch.tokens_bt.dtype == np.int32 and batch.loss_mask_bt.dtype == np.float32
 
 
+def test_buckets_are_half_octaves():
+    assert [next_bucket(n) for n in range(1, 26)] == [
+        1, 2, 3, 4, 6, 6, 8, 8, 12, 12, 12, 12, 16, 16, 16, 16, 24, 24, 24, 24, 24, 24, 24, 24, 32]
+    for n in range(1, 5000):  # smallest bucket >= n, and never more than 1.5x waste past 2
+        bucket = next_bucket(n)
+        assert bucket >= n and (n <= 2 or bucket < 1.5 * n)
+        assert bucket & (bucket - 1) == 0 or (bucket % 3 == 0 and (bucket // 3) & (bucket // 3 - 1) == 0)
+
+
 def test_bucket_rows():
-    # row_multiple 8: 1..8 -> 8, 9..16 -> 16, 17..32 -> 32
-    assert [bucket_rows(n, 8) for n in (1, 8, 9, 16, 17, 33)] == [8, 8, 16, 16, 32, 64]
-    assert [bucket_rows(n, 3) for n in (1, 4, 7)] == [3, 6, 12]
+    # row_multiple 8: 1..8 -> 8, 9..16 -> 16, 17..24 -> 24, 25..32 -> 32, 33..48 -> 48
+    assert [bucket_rows(n, 8) for n in (1, 8, 9, 16, 17, 24, 25, 33)] == [8, 8, 16, 16, 24, 24, 32, 48]
+    assert [bucket_rows(n, 3) for n in (1, 4, 7, 10)] == [3, 6, 9, 12]
 
 
 def test_padded_rows_and_versions():
