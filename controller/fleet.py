@@ -23,8 +23,10 @@ import collections
 import concurrent.futures
 import dataclasses
 import logging
+import json
 import os
 import pathlib
+import secrets
 import subprocess
 import sys
 import threading
@@ -33,6 +35,7 @@ import time
 from controller.config import FleetConfig
 from model.weights import WeightVersion
 from rollout.api import GroupRequest, Trajectory, WorkerInfo
+from orrery.security import ClientSecurity, token_sha256
 from rollout.client import RolloutClient, RolloutError
 from sandbox.api import InfraErrorClass
 
@@ -73,6 +76,7 @@ class Fleet:
         self._workers: list[_Worker] = []
         self._lock = threading.Condition()
         self._version: WeightVersion | None = None
+        self._spawned_security = ClientSecurity()  # set by _write_worker_token before the first spawn
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="group")
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -80,7 +84,7 @@ class Fleet:
     def start(self) -> None:
         if self.config.addresses:
             for i, address in enumerate(self.config.addresses):
-                self._workers.append(_Worker(f"remote-{i}", address, RolloutClient(address)))
+                self._workers.append(_Worker(f"remote-{i}", address, RolloutClient(address, security=self.config.security)))
         else:
             spawned = [self._spawn(i) for i in range(self.config.workers)]
             try:
@@ -113,6 +117,24 @@ class Fleet:
                     worker.process.kill()
                     worker.process.wait()
 
+    def _write_worker_token(self) -> pathlib.Path:
+        """The tokens file of spawned workers: one fresh token per fleet, role internal.
+
+        The token goes to run_dir/workers/internal.token (mode 0600) for this fleet's clients;
+        the workers' tokens file holds only its SHA-256. Restarted workers reuse both."""
+        folder = self.run_dir / "workers"
+        tokens_file = folder / "tokens.json"
+        if not self._spawned_security.token_file:
+            folder.mkdir(parents=True, exist_ok=True)
+            token, token_file = secrets.token_urlsafe(32), folder / "internal.token"
+            token_file.unlink(missing_ok=True)
+            with os.fdopen(os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
+                f.write(token + "\n")
+            entry = {"name": "controller", "sha256": token_sha256(token), "roles": ["internal"]}
+            tokens_file.write_text(json.dumps({"tokens": [entry]}) + "\n")
+            self._spawned_security = ClientSecurity(token_file=str(token_file))
+        return tokens_file
+
     def _spawn(self, index: int) -> tuple[str, subprocess.Popen, pathlib.Path, pathlib.Path]:
         name = f"worker-{index}"
         logs = self.run_dir / "logs"
@@ -137,6 +159,9 @@ class Fleet:
             "--worker-id", name,
             "--slots", str(self.config.slots),
             "--max-concurrent-groups", str(self.config.groups_per_worker),
+            # Weights load only from the run's snapshots; calls need the fleet's token (role internal).
+            "--weights-root", str((self.run_dir / "weights").absolute()),
+            "--tokens-file", str(self._write_worker_token()),
             "--seed", str(self.seed + index),
         ]
         process = subprocess.Popen(command, stdout=open(log_path, "ab"), stderr=subprocess.STDOUT, env=env,
@@ -153,7 +178,7 @@ class Fleet:
                                    f"last log lines:\n{tail}")
             if port_file.exists() and port_file.read_text().strip():
                 address = f"127.0.0.1:{int(port_file.read_text().strip())}"
-                return _Worker(name, address, RolloutClient(address), process, log_path)
+                return _Worker(name, address, RolloutClient(address, security=self._spawned_security), process, log_path)
             time.sleep(0.1)
         process.kill()
         raise FleetError(f"rollout worker {name} did not report a port within {self.config.start_timeout_s}s; "
