@@ -103,7 +103,7 @@ class Pipeline:
             learner = Learner(config.learner, model_config, params, mesh)
             registry.submit(env_spec, step=0)
         status = RunStatus(total_steps=config.steps, mode=config.mode)
-        server, port = serve_controller(registry, status, config.listen)
+        server, port = serve_controller(registry, status, config.listen, security=config.security)
         logger.info("ControllerService listening on %s", f"{config.listen.rsplit(':', 1)[0]}:{port}")
         (run_dir / "controller.port").write_text(str(port))
 
