@@ -281,6 +281,14 @@ def check_listen(service: str, listen: str, security: ServerSecurity) -> None:
                             f"{' and '.join(missing)}")
 
 
+def check_server(service: str, listen: str, security: ServerSecurity) -> None:
+    """`check_listen`, and the certificate, key and tokens files are readable and well formed."""
+    check_listen(service, listen, security)
+    if security.tokens_file:
+        TokenTable.load(security.tokens_file)
+    server_credentials(security)
+
+
 def server_credentials(security: ServerSecurity) -> grpc.ServerCredentials | None:
     """TLS credentials of `security`, or None for a plaintext (loopback) server."""
     if not security.tls:

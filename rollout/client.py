@@ -15,6 +15,7 @@ from typing import Iterator
 import grpc
 
 from model.weights import WeightVersion
+from orrery.security import ClientSecurity, client_channel
 from orrery.v1 import rollout_pb2, rollout_pb2_grpc
 from rollout import wire
 from rollout.api import GroupRequest, Trajectory, WeightAck, WorkerInfo
@@ -34,12 +35,13 @@ class RolloutError(RuntimeError):
 class RolloutClient:
     """Implements `rollout.api.Rollout` against `python -m rollout.server` at `address`."""
 
-    def __init__(self, address: str, *, default_deadline_s: float = 30.0):
+    def __init__(self, address: str, *, default_deadline_s: float = 30.0,
+                 security: ClientSecurity = ClientSecurity()):
+        """`security`: the worker's CA (TLS) and where the token (role `internal`) is."""
         self.address = address
         self.default_deadline_s = default_deadline_s
-        self._channel = grpc.insecure_channel(
-            address, options=[("grpc.max_send_message_length", _MAX_MESSAGE),
-                              ("grpc.max_receive_message_length", _MAX_MESSAGE)])
+        self._channel = client_channel(address, security, max_receive_bytes=_MAX_MESSAGE,
+                                       max_send_bytes=_MAX_MESSAGE)
         self._stub = rollout_pb2_grpc.RolloutServiceStub(self._channel)
 
     def _error(self, method: str, e: grpc.RpcError) -> RolloutError:

@@ -10,6 +10,13 @@ Engines: `jax` (the embedded JaxEngine on the HF folder `--model`), `fake` (Fake
 tests of the controller; `--model` still supplies the tokenizer), `sglang` (built by
 `rollout.sglang.build_engine(args)`, owned by the SGLang engine's module). Envs are opened with
 `sandbox.client.open_env` (built-in kinds and remote EnvServices).
+
+Security (orrery/security.py, docs/threat-model.md): `--weights-root DIR` (repeatable) names the
+folders weight snapshots may be loaded from; without one the worker loads no weight updates.
+The default listen address is loopback; any other needs `--tls-cert/--tls-key` and
+`--tokens-file` (the controller's token needs role `internal`); `--tls-client-ca` adds mutual
+TLS. No secret is ever a flag value: tokens live in files, the SGLang API key in
+`--sglang-api-key-file` or the ORRERY_SGLANG_API_KEY environment variable.
 """
 
 from __future__ import annotations
@@ -50,8 +57,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                             f"orrery-jax-cache-{os.getuid()}"),
                    help="JAX persistent compilation cache folder ('' disables); restarts and "
                         "sibling workers with the same shapes skip compiling")
+    p.add_argument("--weights-root", action="append", default=[], metavar="DIR",
+                   help="folder weight snapshots may be loaded from (repeatable; symlinks resolved); "
+                        "without one, UpdateWeights is refused")
+    p.add_argument("--tls-cert", default="", help="PEM server certificate (TLS)")
+    p.add_argument("--tls-key", default="", help="PEM key of --tls-cert")
+    p.add_argument("--tls-client-ca", default="", help="PEM CA; clients must present a certificate it signed")
+    p.add_argument("--tokens-file", default="",
+                   help="tokens file (name, sha256, roles); set, every call needs a token")
+    p.add_argument("--sglang-api-key-file", default="",
+                   help="file holding the SGLang server's --api-key (default: $ORRERY_SGLANG_API_KEY)")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
+
+
+def security_from_args(args: argparse.Namespace):
+    from orrery.security import ServerSecurity
+
+    return ServerSecurity(tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca,
+                          tokens_file=args.tokens_file)
 
 
 def config_from_args(args: argparse.Namespace) -> RolloutConfig:
@@ -98,16 +122,30 @@ def main(argv: list[str] | None = None) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = config_from_args(args)
 
+    from orrery.security import SecurityError, check_server
+
+    security = security_from_args(args)
+    try:  # before the engine loads: a refused address is one line, at once
+        check_server("RolloutService", args.listen, security)
+    except SecurityError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+
     from model.tokenizer import Tokenizer
     from rollout.agent import AgentLoop
     from sandbox.client import open_env
     from rollout.service import serve
     from rollout.worker import RolloutWorker
 
-    engine = build_engine(args, config)
+    try:
+        engine = build_engine(args, config)
+    except ValueError as error:  # e.g. an SGLang URL beyond loopback without an API key
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
     agent = AgentLoop(engine, Tokenizer.from_dir(args.model), open_env, config.agent,
                       seed=args.seed)
-    running = serve(RolloutWorker(engine, agent, config), args.listen)
+    running = serve(RolloutWorker(engine, agent, config), args.listen, security=security,
+                    weights_roots=tuple(args.weights_root))
     host = args.listen.rsplit(":", 1)[0]
     logger.info("rollout server %s (%s engine) listening on %s:%d", config.worker_id,
                 config.engine, host, running.port)

@@ -13,12 +13,19 @@ Errors become status codes the client can act on:
     DEADLINE_EXCEEDED    a weight switch that did not happen in time
 A client cancelling a RolloutGroup (or its deadline passing) aborts the group's episodes.
 
-What it is not: authentication (issue 8) or a load balancer.
+Access control (`orrery.security`, before any handler here runs): with a tokens file every call
+needs a token with role `internal` (GetInfo also accepts `read`), else UNAUTHENTICATED or
+PERMISSION_DENIED; a listen address other than loopback needs TLS and a tokens file. Health is
+open. Hostile input is bounded here: a group's env spec passes the same validation as a client's
+submission (`sandbox.validation`), `group_size` is at most MAX_GROUP_SIZE, and a WeightVersion is
+loaded only from inside the worker's weights roots (symlinks resolved; INVALID_ARGUMENT naming
+`WeightVersion.location` otherwise; a worker started without roots loads no updates).
+
+What it is not: a load balancer.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import threading
 
@@ -27,24 +34,34 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from model.weights import SnapshotError
+from orrery.security import SecurityError, ServerSecurity, bind, inside_roots, make_server
 from orrery.v1 import rollout_pb2, rollout_pb2_grpc
 from rollout import wire
 from rollout.api import EngineError
 from rollout.worker import RolloutWorker, WorkerBusyError
+from sandbox import validation
 
 logger = logging.getLogger(__name__)
 
 SERVICE_NAME = rollout_pb2.DESCRIPTOR.services_by_name["RolloutService"].full_name
 _MAX_MESSAGE = 64 << 20  # trajectories are token lists; long multi-turn episodes exceed 4 MiB
+_MAX_REQUEST = validation.SpecLimits().max_spec_bytes + (1 << 20)  # a group request is a spec, a task and a few fields
+MAX_GROUP_SIZE = 1024  # samples of one group; the controller sends tens
 
 
 class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
-    def __init__(self, worker: RolloutWorker):
+    def __init__(self, worker: RolloutWorker, weights_roots: tuple[str, ...] = ()):
         self.worker = worker
+        self.weights_roots = tuple(weights_roots)
 
     def RolloutGroup(self, request, context):
         try:
             group = wire.group_request_from_proto(request)
+            validation.validate_env_spec(group.env)
+            validation.validate_task(group.task, "RolloutGroupRequest.task")
+            if not 1 <= group.group_size <= MAX_GROUP_SIZE:
+                raise validation.SpecError("RolloutGroupRequest.group_size",
+                                           f"must be between 1 and {MAX_GROUP_SIZE}", group.group_size)
         except (ValueError, KeyError, TypeError) as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"RolloutGroup request: {e}")
         abort = threading.Event()
@@ -64,7 +81,14 @@ class RolloutServicer(rollout_pb2_grpc.RolloutServiceServicer):
     def UpdateWeights(self, request, context):
         try:
             version = wire.weight_version_from_proto(request.version)
+            if not self.weights_roots:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                              "UpdateWeights: this worker was started without --weights-root, so it "
+                              "loads no weight updates")
+            inside_roots(version.location, self.weights_roots, "WeightVersion.location")
             ack = self.worker.update_weights(version, context.time_remaining() or 0.0)
+        except SecurityError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except SnapshotError as e:  # before ValueError: it is one
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         except ValueError as e:
@@ -113,20 +137,21 @@ class RunningServer:
         self.server.stop(grace_s).wait()
 
 
-def serve(worker: RolloutWorker, listen: str) -> RunningServer:
-    """Start RolloutService + Health + reflection on `listen` (host:port; port 0 picks one)."""
+def serve(worker: RolloutWorker, listen: str, *, security: ServerSecurity = ServerSecurity(),
+          weights_roots: tuple[str, ...] = ()) -> RunningServer:
+    """Start RolloutService + Health + reflection on `listen` (host:port; port 0 picks one).
+
+    `security`: TLS and tokens (required beyond loopback). `weights_roots`: the folders weight
+    snapshots may be loaded from (the controller's run_dir/weights); none, no updates."""
     threads = worker.config.max_concurrent_groups + 8
-    server = grpc.server(
-        concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rpc"),
-        options=[("grpc.max_send_message_length", _MAX_MESSAGE),
-                 ("grpc.max_receive_message_length", _MAX_MESSAGE)])
-    rollout_pb2_grpc.add_RolloutServiceServicer_to_server(RolloutServicer(worker), server)
+    server, _ = make_server("RolloutService", listen, security, max_workers=threads,
+                            max_receive_bytes=_MAX_REQUEST, max_send_bytes=_MAX_MESSAGE,
+                            thread_name_prefix="rpc", maximum_concurrent_rpcs=4 * threads)
+    rollout_pb2_grpc.add_RolloutServiceServicer_to_server(RolloutServicer(worker, weights_roots), server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    port = server.add_insecure_port(listen)
-    if port == 0:
-        raise OSError(f"rollout server could not bind {listen}")
+    port = bind(server, "RolloutService", listen, security)
     server.start()
     return RunningServer(server, port, health_servicer, worker)

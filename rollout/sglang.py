@@ -57,6 +57,16 @@ refused before sending, because they crash SGLang's CPU server outright.
 What it is not: a launcher. The server is started beside the worker (`.ci/sglang_server.sh`
 for tests) or given by address. Never call /release_memory_occupation on CPU: it kills the
 server.
+
+Security: SGLang's HTTP API includes administrative endpoints (load weights from any path,
+pause, abort, flush) and has no roles, so only the worker next to it may reach it. The
+controller never talks to SGLang; it reaches the worker's RolloutService, which is guarded
+(orrery/security.py). Start SGLang with `--host 127.0.0.1` (`.ci/sglang_server.sh` does); a
+`base_url` whose host is not loopback is refused unless `api_key` is set, the key of a server
+started with `--api-key` (SGLang then requires `Authorization: Bearer <key>` on every route but
+/health and /metrics). The key is read from `--sglang-api-key-file` or ORRERY_SGLANG_API_KEY,
+never from a flag's value, is sent on every call, and is not shown by the config's repr. Over
+plain http it still crosses the network in clear: prefer https, or a private network.
 """
 
 from __future__ import annotations
@@ -66,15 +76,18 @@ import dataclasses
 import http.client
 import json
 import logging
+import os
 import socket
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any, Sequence
 
 from model.weights import WeightVersion, load_snapshot
+from orrery.security import is_loopback
 from rollout.api import EngineError, FinishReason, Generation, GenerationRequest
 
 logger = logging.getLogger(__name__)
@@ -119,12 +132,25 @@ class SGLangConfig:
     max_context: int | None = None
     """Longest prompt + output in tokens; None asks the server (its max_req_input_len, a few
     tokens under the model's context length). max_new_tokens is cut to fit it."""
+    api_key: str = dataclasses.field(default="", repr=False)
+    """The SGLang server's --api-key, sent as a bearer token; required when base_url is not
+    loopback. Never printed."""
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"SGLangConfig.base_url must start with http:// or https://, "
                              f"got {self.base_url!r}")
         object.__setattr__(self, "base_url", self.base_url.rstrip("/"))
+        host = urllib.parse.urlsplit(self.base_url).hostname or ""
+        if not is_loopback(host) and not self.api_key:
+            raise ValueError(
+                f"SGLangConfig.base_url must be a loopback address unless api_key is set, got "
+                f"{self.base_url!r}: SGLang's administrative endpoints (weight loading, pause, abort) "
+                f"must be reachable only by this worker; bind SGLang to 127.0.0.1, or start it with "
+                f"--api-key and give the key (--sglang-api-key-file or ORRERY_SGLANG_API_KEY)")
+        if self.api_key and not is_loopback(host) and self.base_url.startswith("http://"):
+            logger.warning("SGLang at %s: the API key crosses the network in clear (http); prefer https",
+                           self.base_url)
         for name in ("request_timeout_s", "control_timeout_s", "health_timeout_s",
                      "update_timeout_s"):
             value = getattr(self, name)
@@ -415,8 +441,10 @@ class SGLangEngine:
         retries = self.config.retries if retries is None else retries
         backoff = self.config.retry_backoff_s
         for attempt in range(retries + 1):
-            request = urllib.request.Request(url, data=data, method=method,
-                                             headers={"Content-Type": "application/json"})
+            headers = {"Content-Type": "application/json"}
+            if self.config.api_key:
+                headers["Authorization"] = f"Bearer {self.config.api_key}"
+            request = urllib.request.Request(url, data=data, method=method, headers=headers)
             try:
                 with urllib.request.urlopen(request, timeout=timeout_s) as response:
                     raw = response.read().decode("utf-8", "replace")
@@ -462,7 +490,16 @@ def _vocab_from_folder(model_path: str | None) -> int | None:
 def build_engine(args: Any) -> SGLangEngine:
     """The engine `python -m rollout.server --engine sglang --sglang-url URL` serves."""
     url = getattr(args, "sglang_url", "")
+    key_file = getattr(args, "sglang_api_key_file", "")
+    if key_file:
+        try:
+            api_key = Path(key_file).read_text().strip()
+        except OSError as error:
+            raise ValueError(f"--sglang-api-key-file {key_file}: cannot read ({error.strerror})") from None
+    else:
+        api_key = os.environ.get("ORRERY_SGLANG_API_KEY", "").strip()
     if not url:
         raise ValueError("rollout.server --engine sglang needs --sglang-url (the SGLang server "
                          "address, e.g. http://127.0.0.1:30000)")
-    return SGLangEngine(SGLangConfig(base_url=url))
+    return SGLangEngine(SGLangConfig(base_url=url, api_key=api_key))
+

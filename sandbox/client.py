@@ -12,16 +12,26 @@ become `EnvInfraError`, never rewards (DESIGN.md rule 3), carrying method, addre
 Retries are bounded (`remote_retries`) with exponential backoff from `remote_backoff_s`. Step is
 retried only on UNAVAILABLE: a Step that timed out may have run its tool, and running it twice
 would change the episode.
+
+A remote env is not trusted either: answers larger than 16 MiB are refused by the channel, and
+a step's observation and tool output are cut to `max_output_bytes` like a local tool's. A
+guarded EnvService (orrery/security.py) is reached with the process's environment:
+ORRERY_ENV_TOKEN_FILE (or ORRERY_ENV_TOKEN) holds the bearer token (role `internal`),
+ORRERY_ENV_TLS_CA the CA of its certificate, ORRERY_ENV_TLS_CERT / ORRERY_ENV_TLS_KEY a client
+certificate for mutual TLS. A token is never sent in clear beyond loopback.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import threading
 import time
 from typing import Callable, Sequence
 
 import grpc
 
+from orrery.security import ClientSecurity, SecurityError, client_channel
 from orrery.v1 import env_service_pb2, env_service_pb2_grpc
 from sandbox import wire
 from sandbox.api import (Env, EnvInfraError, EnvSpec, InfraErrorClass, Outcome, StepResult, Task, ToolCall,
@@ -34,13 +44,33 @@ _channels: dict[str, grpc.Channel] = {}
 _channels_lock = threading.Lock()
 
 
+_MAX_ANSWER = 16 << 20
+
+
+def env_client_security() -> ClientSecurity:
+    """How this process reaches guarded EnvServices (from ORRERY_ENV_* variables)."""
+    env = os.environ
+    return ClientSecurity(token_file=env.get("ORRERY_ENV_TOKEN_FILE", ""), token_env="ORRERY_ENV_TOKEN",
+                          tls_ca=env.get("ORRERY_ENV_TLS_CA", ""), tls_cert=env.get("ORRERY_ENV_TLS_CERT", ""),
+                          tls_key=env.get("ORRERY_ENV_TLS_KEY", ""))
+
+
 def _channel(address: str) -> grpc.Channel:
     """One channel per address, shared by every RemoteEnv of this process."""
     with _channels_lock:
         channel = _channels.get(address)
         if channel is None:
-            channel = _channels[address] = grpc.insecure_channel(address)
+            try:
+                channel = client_channel(address, env_client_security(), max_receive_bytes=_MAX_ANSWER,
+                                         max_send_bytes=_MAX_ANSWER)
+            except SecurityError as error:
+                raise EnvInfraError(InfraErrorClass.ENV_UNREACHABLE, f"EnvService at {address}: {error}") from None
+            _channels[address] = channel
         return channel
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "\n[truncated]"
 
 
 def _infra_error(method: str, address: str, error: grpc.RpcError) -> EnvInfraError:
@@ -101,7 +131,11 @@ class RemoteEnv:
 
     def step(self, call: ToolCall) -> StepResult:
         request = env_service_pb2.StepRequest(session_id=self.session_id, call=wire.tool_call_to_proto(call))
-        return wire.step_result_from_proto(self.client.call("Step", request, retry_on_timeout=False))
+        step = wire.step_result_from_proto(self.client.call("Step", request, retry_on_timeout=False))
+        limit = self.client.config.max_output_bytes
+        return dataclasses.replace(step, observation=_cut(step.observation, limit),
+                                   result=dataclasses.replace(step.result, output=_cut(step.result.output, limit),
+                                                              error=_cut(step.result.error, limit)))
 
     def outcome(self, answer: str | None) -> Outcome:
         request = env_service_pb2.ScoreRequest(session_id=self.session_id)

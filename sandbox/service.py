@@ -10,6 +10,13 @@ Errors on the wire: an `EnvInfraError` inside the env aborts the RPC with ABORTE
 trailing metadata `orrery-infra-class` = its class, so the client re-raises the same class; an
 unknown session is NOT_FOUND; bad arguments INVALID_ARGUMENT. Server reflection and the standard
 health service are on, as for the other services.
+
+Callers are outside the trust boundary (any rollout worker, or whoever reaches the port): a
+task is validated like a submitted one (`sandbox.validation`), args are plain JSON of bounded
+size, and `BuiltinEnvHost` validates the whole spec it builds (kind, `num_tasks` cap, the
+`files` env's workspace-relative paths). Access control (`orrery.security`): with a tokens file
+every EnvService call needs a token with role `internal`; a listen address other than loopback
+needs TLS and a tokens file (`python -m sandbox.service --tls-cert ... --tokens-file ...`).
 """
 
 from __future__ import annotations
@@ -18,15 +25,15 @@ import logging
 import threading
 import time
 import uuid
-from concurrent import futures
 from typing import Any, Mapping, Protocol, Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from orrery.security import SecurityError, ServerSecurity, bind, check_server, make_server
 from orrery.v1 import env_service_pb2, env_service_pb2_grpc
-from sandbox import wire
+from sandbox import validation, wire
 from sandbox.api import Env, EnvInfraError, EnvSpec, SafetyPolicy, Task
 from sandbox.config import SandboxConfig
 
@@ -34,6 +41,8 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = "orrery.v1.EnvService"
 INFRA_METADATA_KEY = "orrery-infra-class"
+_MAX_REQUEST = 8 << 20  # a task, args and a tool call: far below this (SpecLimits)
+_MAX_RESPONSE = 64 << 20  # ListTasks of up to SpecLimits.max_tasks tasks
 
 
 class EnvHost(Protocol):
@@ -56,8 +65,12 @@ class BuiltinEnvHost:
     def _spec(self, args: Mapping[str, Any], safety: SafetyPolicy = SafetyPolicy()) -> EnvSpec:
         args = dict(args)
         kind = args.pop("kind", self.default_kind)
-        eval_fraction = float(args.pop("eval_fraction", 0.0))
-        return EnvSpec(name=f"hosted-{kind}", kind=kind, args=args, safety=safety, eval_fraction=eval_fraction)
+        eval_fraction = args.pop("eval_fraction", 0.0)
+        spec = EnvSpec(name=f"hosted-{kind}", kind=str(kind)[:64], args=args, safety=safety,
+                       eval_fraction=eval_fraction)
+        from sandbox.envs import KINDS
+
+        return validation.validate_env_spec(spec, known_kinds=KINDS)  # no "remote" here: KINDS only
 
     def list_tasks(self, args):
         from sandbox.envs import generate_tasks
@@ -67,7 +80,9 @@ class BuiltinEnvHost:
     def open(self, task, args, safety):
         from sandbox.envs import make_env
 
-        return make_env(self._spec(args, safety), task, self.config)
+        spec = self._spec(args, safety)
+        validation.validate_task(task, "ResetRequest.task", kind=spec.kind)
+        return make_env(spec, task, self.config)
 
 
 class _Session:
@@ -124,15 +139,30 @@ class EnvServicer(env_service_pb2_grpc.EnvServiceServicer):
 
     def ListTasks(self, request, context):
         try:
-            tasks = self.host.list_tasks(wire.args_from_proto(request.args))
+            args = self._args(request.args)
+            tasks = self.host.list_tasks(args)
         except ValueError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        limit = validation.SpecLimits().max_tasks
+        if len(tasks) > limit:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"ListTasks: at most {limit} tasks, got {len(tasks)}")
         return env_service_pb2.ListTasksResponse(tasks=[wire.task_to_proto(t) for t in tasks])
 
+    @staticmethod
+    def _args(message) -> dict:
+        args = wire.args_from_proto(message)
+        validation.check_json(args, "args")
+        return args
+
     def Reset(self, request, context):
-        task = wire.task_from_proto(request.task)
-        args = wire.args_from_proto(request.args)
-        safety = wire.safety_from_proto(request.safety) if request.HasField("safety") else SafetyPolicy()
+        try:
+            task = validation.validate_task(wire.task_from_proto(request.task), "ResetRequest.task")
+            args = self._args(request.args)
+            safety = wire.safety_from_proto(request.safety) if request.HasField("safety") else SafetyPolicy()
+            for i, path in enumerate(safety.protected_paths):
+                validation.check_workspace_path(path, f"ResetRequest.safety.protected_paths[{i}]")
+        except ValueError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         try:
             env = self.host.open(task, args, safety)
             observation = env.reset()
@@ -149,7 +179,14 @@ class EnvServicer(env_service_pb2_grpc.EnvServiceServicer):
 
     def Step(self, request, context):
         session = self._session(request.session_id, context)
-        call = wire.tool_call_from_proto(request.call)
+        try:
+            call = wire.tool_call_from_proto(request.call)
+            validation.check_json(call.arguments, "StepRequest.call.arguments_json")
+            if not isinstance(call.arguments, dict):
+                raise validation.SpecError("StepRequest.call.arguments_json", "must be a JSON object",
+                                           request.call.arguments_json)
+        except ValueError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         with session.lock:
             try:
                 step = session.env.step(call)
@@ -176,9 +213,14 @@ class EnvServicer(env_service_pb2_grpc.EnvServiceServicer):
 
 
 def serve_env(host: EnvHost, listen: str = "127.0.0.1:0", *, max_workers: int = 8,
-              session_ttl_s: float = 900.0) -> tuple[grpc.Server, int, EnvServicer]:
-    """Start EnvService (+ reflection + health) on `listen`; return (server, bound port, servicer)."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="env-grpc"))
+              session_ttl_s: float = 900.0, security: ServerSecurity = ServerSecurity()
+              ) -> tuple[grpc.Server, int, EnvServicer]:
+    """Start EnvService (+ reflection + health) on `listen`; return (server, bound port, servicer).
+
+    `security`: TLS and tokens (required beyond loopback; callers need role `internal`)."""
+    server, _ = make_server("EnvService", listen, security, max_workers=max_workers,
+                            max_receive_bytes=_MAX_REQUEST, max_send_bytes=_MAX_RESPONSE,
+                            thread_name_prefix="env-grpc", maximum_concurrent_rpcs=8 * max_workers)
     servicer = EnvServicer(host, session_ttl_s)
     env_service_pb2_grpc.add_EnvServiceServicer_to_server(servicer, server)
     health_servicer = health.HealthServicer()
@@ -187,9 +229,7 @@ def serve_env(host: EnvHost, listen: str = "127.0.0.1:0", *, max_workers: int = 
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     reflection.enable_server_reflection(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server)
-    port = server.add_insecure_port(listen)
-    if not port:
-        raise RuntimeError(f"serve_env: could not bind {listen!r}")
+    port = bind(server, "EnvService", listen, security)
     server.start()
     log.info("EnvService listening on %s (port %d)", listen, port)
     return server, port, servicer
@@ -203,9 +243,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--listen", default="127.0.0.1:50070")
     parser.add_argument("--kind", default="calc", help="default built-in kind (args['kind'] overrides)")
     parser.add_argument("--isolation", default="bwrap", choices=("bwrap", "none"))
+    parser.add_argument("--tls-cert", default="", help="PEM server certificate (TLS)")
+    parser.add_argument("--tls-key", default="", help="PEM key of --tls-cert")
+    parser.add_argument("--tls-client-ca", default="", help="PEM CA; clients must present a certificate it signed")
+    parser.add_argument("--tokens-file", default="", help="tokens file (name, sha256, roles); set, calls need a token")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
-    server, port, _ = serve_env(BuiltinEnvHost(args.kind, SandboxConfig(isolation=args.isolation)), args.listen)
+    security = ServerSecurity(tls_cert=args.tls_cert, tls_key=args.tls_key, tls_client_ca=args.tls_client_ca,
+                              tokens_file=args.tokens_file)
+    try:
+        check_server("EnvService", args.listen, security)
+    except SecurityError as error:
+        parser.exit(2, f"error: {error}\n")
+    server, port, _ = serve_env(BuiltinEnvHost(args.kind, SandboxConfig(isolation=args.isolation)), args.listen,
+                                security=security)
     print(f"listening on port {port}", flush=True)
     server.wait_for_termination()
 

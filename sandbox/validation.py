@@ -8,6 +8,12 @@ registry accepts a spec; the rest of the code trusts a validated spec. Every err
 
 This module checks shape and ranges only. It does not contact a remote `EnvService`
 (reachability is checked when the env is first used) and does not run any task.
+
+Paths: a spec names no file on the host. The only paths a client may send are workspace-relative
+ones (`safety.protected_paths`, the starting files of a `files` task), and each must be relative,
+without `..` and without NUL; the env resolves them inside the workspace again (symlinks
+included) before touching anything. Sizes: the serialised spec, the task count (explicit tasks
+and `args.num_tasks` of generated ones), each prompt and each JSON field are capped (`SpecLimits`).
 """
 
 from __future__ import annotations
@@ -76,12 +82,14 @@ def validate_env_spec(
     else:
         _require(not spec.remote_address, f"{f}.remote_address", "must be empty unless kind is 'remote'",
                  spec.remote_address)
-    _check_json(spec.args, f"{f}.args", limits)
+    check_json(spec.args, f"{f}.args", limits)
+    if isinstance(spec.args, dict) and "num_tasks" in spec.args:  # generated tasks are held in memory too
+        _check_int(spec.args["num_tasks"], f"{f}.args.num_tasks", 1, limits.max_tasks)
 
     _require(len(spec.tasks) <= limits.max_tasks, f"{f}.tasks", f"at most {limits.max_tasks} tasks", len(spec.tasks))
     seen: set[str] = set()
     for i, task in enumerate(spec.tasks):
-        validate_task(task, f"{f}.tasks[{i}]", limits)
+        validate_task(task, f"{f}.tasks[{i}]", limits, kind=spec.kind)
         _require(task.task_id not in seen, f"{f}.tasks[{i}].task_id", "must be unique within the env", task.task_id)
         seen.add(task.task_id)
 
@@ -95,7 +103,7 @@ def validate_env_spec(
         names.add(tool.name)
         _check_number(tool.cost_per_call, f"{g}.cost_per_call", 0.0, 1e9)
         _check_number(tool.cost_per_second, f"{g}.cost_per_second", 0.0, 1e9)
-        _check_json(tool.parameters, f"{g}.parameters", limits)
+        check_json(tool.parameters, f"{g}.parameters", limits)
 
     b, g = spec.budgets, f"{f}.budgets"
     _check_int(b.max_turns, f"{g}.max_turns", 1, limits.max_turns)
@@ -113,8 +121,7 @@ def validate_env_spec(
 
     for i, path in enumerate(spec.safety.protected_paths):
         p = f"{f}.safety.protected_paths[{i}]"
-        _require(path and not path.startswith("/") and ".." not in path.split("/"), p,
-                 "must be a relative path inside the workspace", path)
+        check_workspace_path(path, p)
 
     s = spec.sampling
     if s.temperature is not None:
@@ -130,17 +137,34 @@ def validate_env_spec(
     return spec
 
 
-def validate_task(task: api.Task, field: str = "Task", limits: SpecLimits = SpecLimits()) -> api.Task:
-    """Return `task` unchanged if it is valid; raise `SpecError` otherwise."""
+def validate_task(task: api.Task, field: str = "Task", limits: SpecLimits = SpecLimits(),
+                  kind: str | None = None) -> api.Task:
+    """Return `task` unchanged if it is valid; raise `SpecError` otherwise. With `kind`, also the
+    kind's own rules (the `files` env's starting files must be workspace-relative paths)."""
     _require(task.task_id and len(task.task_id) <= 128, f"{field}.task_id",
              "must be non-empty and at most 128 characters", task.task_id)
     _require(task.prompt, f"{field}.prompt", "must be non-empty", task.prompt)
     _require(len(task.prompt) <= limits.max_prompt_chars, f"{field}.prompt",
              f"must be at most {limits.max_prompt_chars} characters", f"<{len(task.prompt)} characters>")
     _require(task.split in SPLITS, f"{field}.split", f"must be one of {list(SPLITS)}", task.split)
-    _check_json(task.verifier, f"{field}.verifier", limits)
-    _check_json(task.metadata, f"{field}.metadata", limits)
+    check_json(task.verifier, f"{field}.verifier", limits)
+    check_json(task.metadata, f"{field}.metadata", limits)
+    if kind == "files":
+        files = task.verifier.get("files") if isinstance(task.verifier, dict) else None
+        _require(isinstance(files, dict), f"{field}.verifier.files",
+                 "must be a mapping of workspace-relative path to text (files env)", files)
+        for path, content in files.items():
+            check_workspace_path(path, f"{field}.verifier.files[{path!r}]"[:200])
+            _require(isinstance(content, str), f"{field}.verifier.files[{path!r}]"[:200], "must be text", content)
     return task
+
+
+def check_workspace_path(path: Any, field: str) -> str:
+    """`path` if it is a relative path that stays inside a workspace, else SpecError."""
+    ok = (isinstance(path, str) and 0 < len(path) <= 1024 and "\x00" not in path and not path.startswith("/")
+          and ".." not in path.replace("\\", "/").split("/"))
+    _require(ok, field, "must be a relative path inside the workspace", path)  # no '/' start, '..', NUL; <= 1024 chars
+    return path
 
 
 def check_message_size(size_bytes: int, limits: SpecLimits = SpecLimits()) -> None:
@@ -164,7 +188,8 @@ def _check_int(value: Any, field: str, low: int, high: int) -> None:
     _require(ok and low <= value <= high, field, f"must be an integer between {low} and {high}", value)
 
 
-def _check_json(value: Any, field: str, limits: SpecLimits) -> None:
+def check_json(value: Any, field: str, limits: SpecLimits = SpecLimits()) -> None:
+    """SpecError unless `value` is plain JSON of at most `limits.max_json_bytes`."""
     try:
         size = len(json.dumps(value, allow_nan=False))
     except (TypeError, ValueError) as error:

@@ -47,7 +47,8 @@ ALLOWED: dict[str, frozenset[str]] = {
 }
 
 # The only sandbox modules rollout code may import: its client side.
-SANDBOX_CLIENT_SIDE = frozenset({"sandbox", "sandbox.api", "sandbox.client", "sandbox.wire"})
+# sandbox.validation is there because a worker checks the specs it is sent as the controller does.
+SANDBOX_CLIENT_SIDE = frozenset({"sandbox", "sandbox.api", "sandbox.client", "sandbox.wire", "sandbox.validation"})
 
 # Outside orrery/ and tests, only these files may import the generated code.
 WIRE_FILES = frozenset({"wire.py", "service.py", "client.py", "server.py"})

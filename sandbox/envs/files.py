@@ -23,7 +23,7 @@ import os
 import random
 from pathlib import Path
 
-from sandbox import sideeffects, verifiers
+from sandbox import sideeffects, tools, verifiers
 from sandbox.api import EnvSpec, FileChange, FileChangeKind, ProcessVerdict, Task, ToolCall, ToolResult
 from sandbox.envs.base import BuiltinEnv, Score, assign_splits
 
@@ -108,7 +108,8 @@ class FilesEnv(BuiltinEnv):
     def setup_workspace(self, workspace: Path) -> None:
         uid = self.sandbox.uid
         for rel, content in self.task.verifier["files"].items():
-            path = workspace / rel
+            # Tasks may come from clients: the path must stay in the workspace (links resolved too).
+            path = tools.resolve_in_workspace(workspace, rel)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(content)
             if uid is not None and os.geteuid() == 0:

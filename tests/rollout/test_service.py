@@ -37,7 +37,12 @@ SPEC = EnvSpec("calc", "calc", tasks=(TASK,), budgets=Budgets(max_turns=2,
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir, tmp_path_factory):
+def weights_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("weights")
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory, weights_root):
     folder = tmp_path_factory.mktemp("server")
     port_file, log_path = folder / "port", folder / "server.log"
     command = [sys.executable, "-m", "rollout.server", "--engine", "jax",
@@ -45,7 +50,8 @@ def server(tiny_model_dir, tmp_path_factory):
                "--model", str(tiny_model_dir), "--worker-id", "w-test",
                "--slots", str(ENGINE_CONFIG.slots), "--max-seq-len", str(ENGINE_CONFIG.max_seq_len),
                "--prefill-buckets", ",".join(map(str, ENGINE_CONFIG.prefill_buckets)),
-               "--decode-steps", str(ENGINE_CONFIG.decode_steps_per_call)]
+               "--decode-steps", str(ENGINE_CONFIG.decode_steps_per_call),
+               "--weights-root", str(weights_root)]
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", **COMPILE_CACHE_ENV)
     with open(log_path, "wb") as log:  # a file, not a pipe: a full pipe would block the server
         process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log,
@@ -88,7 +94,7 @@ def test_info_health_and_reflection(server, client):
     assert {"orrery.v1.RolloutService", "grpc.health.v1.Health"} <= names
 
 
-def test_group_over_grpc_then_weight_update(client, tiny_model_dir, tmp_path):
+def test_group_over_grpc_then_weight_update(client, tiny_model_dir, weights_root):
     request = GroupRequest("svc", SPEC, TASK, 3, SamplingParams(temperature=1.0, seed=1))
     trajectories = list(client.rollout_group(request, deadline_s=120))
     assert sorted(t.trajectory_id for t in trajectories) == ["svc:0:0", "svc:0:1", "svc:0:2"]
@@ -99,7 +105,7 @@ def test_group_over_grpc_then_weight_update(client, tiny_model_dir, tmp_path):
         assert set(stream.versions[stream.loss_mask > 0]) == {0}
 
     config, params = load_hf(tiny_model_dir)
-    wv = save_snapshot(sharpen(params, seed=5), tmp_path, version=1, step=10)
+    wv = save_snapshot(sharpen(params, seed=5), weights_root, version=1, step=10)
     bad = dataclasses.replace(wv, digest="sha256:" + "0" * 64)
     with pytest.raises(RolloutError) as refused:
         client.update_weights(bad, deadline_s=60)
