@@ -375,8 +375,11 @@ def _peer_host(peer: str) -> str:
     return peer
 
 
-def _ignore(_data: bytes) -> None:
-    return None
+_UNREAD = object()  # what a refused call's request becomes (gRPC takes None for a parse failure)
+
+
+def _ignore(_data: bytes) -> object:
+    return _UNREAD
 
 
 def _replace_behavior(handler, behavior):

@@ -34,7 +34,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from model.weights import SnapshotError
-from orrery.security import SecurityError, ServerSecurity, bind, inside_roots, make_server
+from orrery.security import SecurityError, ServerSecurity, bind, check_listen, inside_roots, make_server
 from orrery.v1 import rollout_pb2, rollout_pb2_grpc
 from rollout import wire
 from rollout.api import EngineError
@@ -143,6 +143,7 @@ def serve(worker: RolloutWorker, listen: str, *, security: ServerSecurity = Serv
 
     `security`: TLS and tokens (required beyond loopback). `weights_roots`: the folders weight
     snapshots may be loaded from (the controller's run_dir/weights); none, no updates."""
+    check_listen("RolloutService", listen, security)  # before anything else is built
     threads = worker.config.max_concurrent_groups + 8
     server, _ = make_server("RolloutService", listen, security, max_workers=threads,
                             max_receive_bytes=_MAX_REQUEST, max_send_bytes=_MAX_MESSAGE,
