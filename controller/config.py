@@ -163,7 +163,9 @@ class RunConfig:
     seed: int = 0
     """Seed of task sampling, the learner and the workers."""
     resume: bool = False
-    """Continue from the latest checkpoint in run_dir."""
+    """Continue from a checkpoint in run_dir (the latest unless `resume_step` names one); without one, start fresh."""
+    resume_step: int = -1
+    """With `resume`: the checkpoint (completed RL steps) to continue from; -1 = the latest. Newer ones are discarded."""
     model: ModelSetup = ModelSetup()
     fleet: FleetConfig = FleetConfig()
     data: DataConfig = DataConfig()
@@ -183,6 +185,9 @@ class RunConfig:
             raise ValueError(f"RunConfig.mode must be one of ['sync', 'async'], got {self.mode!r}")
         if self.max_staleness < 0:
             raise ValueError(f"RunConfig.max_staleness must be >= 0, got {self.max_staleness}")
+        if self.resume_step < -1:
+            raise ValueError(f"RunConfig.resume_step must be a checkpoint step >= 0 or -1 (the latest), "
+                             f"got {self.resume_step}")
         if self.steps < 0:
             raise ValueError(f"RunConfig.steps must be >= 0, got {self.steps}")
         if self.fleet.engine not in ("jax", "sglang"):

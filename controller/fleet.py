@@ -14,7 +14,15 @@ Invariants:
   discarded whole and retried with `attempt + 1` (nothing is trained on twice).
 - An infrastructure failure is never a reward: a lost group becomes an `InfraEvent` counted
   under `infra/errors/<class>`, not a trajectory with reward 0.
-- Every call has a deadline (`FleetConfig`), so a frozen worker turns into an error in bounded time.
+- Every call has a deadline (`FleetConfig`), so a frozen worker turns into an error in bounded time;
+  a local worker that then does not answer `GetInfo` either is killed and restarted.
+- A worker serves a group only when it holds the fleet's current weight version: one that missed
+  an update (an error, a restart) is brought to it first.
+- Spawned workers do not outlive the controller: each gets a parent-death signal (SIGTERM) tied
+  to one long-lived spawner thread, and its pid is kept in run_dir/workers/<name>.pid so a
+  controller restarted on the same run dir ends any that are left before it spawns new ones.
+- Spawned workers share the run's seed: a group's samples depend on the group (its id and
+  sampling seed), never on which worker ran it, so runs are reproducible.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import json
 import os
 import pathlib
 import secrets
+import signal
 import subprocess
 import sys
 import threading
@@ -46,6 +55,29 @@ class FleetError(RuntimeError):
     """The fleet could not be brought up: a worker did not start or is unreachable."""
 
 
+# The first thing a spawned worker runs: ask for SIGTERM when its parent (the controller thread
+# that spawned it) dies, then become `python -m rollout.server ARGS` (the request survives exec).
+# A shim rather than `preexec_fn`: forking a process that runs gRPC threads and then running
+# Python before exec breaks gRPC in the child.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG\n"
+    "if os.getppid() != int(os.environ['ORRERY_CONTROLLER_PID']): sys.exit(1)  # it died already\n"
+    "os.execv(sys.executable, [sys.executable, '-m', 'rollout.server', *sys.argv[1:]])\n")
+
+
+def _end_leftover(pid_file: pathlib.Path) -> None:
+    """End a worker a previous controller on this run dir left running (it was killed before it could)."""
+    try:
+        pid = int(pid_file.read_text().split()[0])
+        cmdline = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError, IndexError):
+        return
+    if b"rollout.server" in cmdline and str(pid_file.with_suffix(".port")).encode() in cmdline:
+        logger.warning("ending rollout worker pid %d left by a previous controller (%s)", pid, pid_file)
+        os.kill(pid, signal.SIGKILL)
+
+
 @dataclasses.dataclass
 class GroupResult:
     request: GroupRequest
@@ -63,6 +95,7 @@ class _Worker:
     log_path: pathlib.Path | None = None
     in_flight: int = 0
     healthy: bool = True
+    version: int = -1  # the weight version it acknowledged last (-1: not asked yet)
 
 
 class Fleet:
@@ -78,6 +111,9 @@ class Fleet:
         self._version: WeightVersion | None = None
         self._spawned_security = ClientSecurity()  # set by _write_worker_token before the first spawn
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="group")
+        # Workers get their parent-death signal when the thread that spawned them exits, so one
+        # thread that lives as long as the fleet spawns them all (the first ones and restarts).
+        self._spawner = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="spawner")
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -86,7 +122,7 @@ class Fleet:
             for i, address in enumerate(self.config.addresses):
                 self._workers.append(_Worker(f"remote-{i}", address, RolloutClient(address, security=self.config.security)))
         else:
-            spawned = [self._spawn(i) for i in range(self.config.workers)]
+            spawned = [self._spawner.submit(self._spawn, i).result() for i in range(self.config.workers)]
             try:
                 self._workers.extend(self._await_port(*item) for item in spawned)
             except FleetError:
@@ -100,6 +136,7 @@ class Fleet:
                 info = worker.client.info(deadline_s=self.config.call_deadline_s)
             except RolloutError as error:
                 raise FleetError(f"rollout worker {worker.name} at {worker.address} is not reachable: {error}") from None
+            worker.version = info.version
             logger.info("rollout worker %s at %s: engine=%s version=%d", worker.name, worker.address,
                         info.engine, info.version)
 
@@ -116,6 +153,7 @@ class Fleet:
                 except subprocess.TimeoutExpired:
                     worker.process.kill()
                     worker.process.wait()
+        self._spawner.shutdown(wait=False)
 
     def _write_worker_token(self) -> pathlib.Path:
         """The tokens file of spawned workers: one fresh token per fleet, role internal.
@@ -142,6 +180,8 @@ class Fleet:
         port_file = self.run_dir / "workers" / f"{name}.port"
         port_file.parent.mkdir(parents=True, exist_ok=True)
         port_file.unlink(missing_ok=True)
+        pid_file = port_file.with_suffix(".pid")
+        _end_leftover(pid_file)
         log_path = logs / f"{name}.log"
         env = dict(os.environ)
         # A worker is one JAX process on one host device; the learner's fake-device flag is not its business.
@@ -150,8 +190,9 @@ class Fleet:
         env["JAX_PLATFORMS"] = env.get("JAX_PLATFORMS", "cpu")
         root = pathlib.Path(__file__).resolve().parent.parent
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH", "")]))
+        env["ORRERY_CONTROLLER_PID"] = str(os.getpid())
         command = [
-            sys.executable, "-m", "rollout.server",
+            sys.executable, "-c", _DIE_WITH_PARENT,
             "--engine", self.config.engine,
             "--listen", "127.0.0.1:0",
             "--port-file", str(port_file),
@@ -162,10 +203,11 @@ class Fleet:
             # Weights load only from the run's snapshots; calls need the fleet's token (role internal).
             "--weights-root", str((self.run_dir / "weights").absolute()),
             "--tokens-file", str(self._write_worker_token()),
-            "--seed", str(self.seed + index),
+            "--seed", str(self.seed),
         ]
         process = subprocess.Popen(command, stdout=open(log_path, "ab"), stderr=subprocess.STDOUT, env=env,
                                    cwd=root, start_new_session=False)
+        pid_file.write_text(f"{process.pid}\n")
         logger.info("spawned %s (pid %d), log %s", name, process.pid, log_path)
         return name, process, port_file, log_path
 
@@ -185,16 +227,25 @@ class Fleet:
                            f"see {log_path}")
 
     def _revive(self, worker: _Worker) -> None:
-        """Restart a dead local worker and bring it to the current weights before it serves."""
-        if worker.process is None or worker.process.poll() is None:
+        """Restart a dead or frozen local worker and bring it to the current weights before it serves."""
+        if worker.process is None:
             return
+        if worker.process.poll() is None:
+            try:
+                worker.client.info(deadline_s=self.config.call_deadline_s)
+                return  # alive and answering: busy or slow, not lost
+            except RolloutError as error:
+                logger.warning("rollout worker %s does not answer (%s); killing it", worker.name, error.code)
+                worker.process.kill()
+                worker.process.wait()
         logger.warning("rollout worker %s died (exit %s); restarting", worker.name, worker.process.returncode)
         index = int(worker.name.rsplit("-", 1)[1])
-        fresh = self._await_port(*self._spawn(index))
+        fresh = self._await_port(*self._spawner.submit(self._spawn, index).result())
         worker.client.close()
         worker.address, worker.client, worker.process = fresh.address, fresh.client, fresh.process
+        worker.version = -1
         if self._version is not None:
-            worker.client.update_weights(self._version, deadline_s=self.config.call_deadline_s)
+            worker.version = worker.client.update_weights(self._version, deadline_s=self.config.call_deadline_s).version
         worker.healthy = True
 
     # -- work --------------------------------------------------------------------------------
@@ -231,6 +282,7 @@ class Fleet:
             request = dataclasses.replace(request, attempt=attempt)
             worker = self._pick(tried)
             try:
+                self._bring_to_current(worker)
                 trajectories = list(worker.client.rollout_group(request, deadline_s=self.config.rollout_deadline_s))
                 if len(trajectories) != request.group_size:
                     raise RolloutError("RolloutGroup", worker.address, "INCOMPLETE",
@@ -251,6 +303,15 @@ class Fleet:
         logger.error("group %s dropped after %d attempts", request.group_id, self.config.max_group_retries + 1)
         return GroupResult(request, [], "", errors)
 
+    def _bring_to_current(self, worker: _Worker) -> None:
+        """Load the current weights on a worker that missed them (DESIGN rule 5: serve only the current version)."""
+        version = self._version
+        if version is not None and worker.version != version.version:
+            worker.version = worker.client.update_weights(version, deadline_s=self.config.call_deadline_s).version
+            if worker.version != version.version:
+                raise RolloutError("UpdateWeights", worker.address, "WRONG_VERSION",
+                                   f"acknowledged {worker.version}, expected {version.version}")
+
     def _revive_quietly(self, worker: _Worker) -> None:
         try:
             self._revive(worker)
@@ -267,6 +328,7 @@ class Fleet:
             try:
                 ack = future.result()
                 slowest = max(slowest, ack.load_s)
+                worker.version = ack.version
                 if ack.version != version.version:
                     raise RuntimeError(f"{worker.name} acknowledged version {ack.version}, expected {version.version}")
             except RolloutError as error:

@@ -24,8 +24,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="dotted override, e.g. --set learner.learning_rate=1e-4 (repeatable)")
     p.add_argument("--run-dir", help="directory for the model cache, checkpoints, weights, metrics and report")
-    p.add_argument("--resume", action="store_true", default=None,
-                   help="continue from the latest checkpoint in the run directory")
+    p.add_argument("--resume", nargs="?", const="latest", default=None, metavar="STEP",
+                   help="continue from the latest checkpoint in the run directory, or from checkpoint STEP "
+                        "(completed RL steps; newer checkpoints are discarded); any mesh shape")
     p.add_argument("--listen", metavar="ADDR", help="ControllerService address (default 127.0.0.1:0, loopback)")
     p.add_argument("--rollout-workers", type=int, metavar="N", help="local rollout worker processes to spawn")
     p.add_argument("--rollout-addresses", metavar="HOST:PORT,...", help="use running rollout workers instead")
@@ -38,6 +39,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _resume_flag(value: str | None) -> tuple[bool | None, int | None]:
+    """--resume (latest) or --resume STEP -> (resume, resume_step) for the config."""
+    if value is None:
+        return None, None
+    if value == "latest":
+        return True, -1
+    try:
+        step = int(value)
+    except ValueError:
+        raise ValueError(f"--resume STEP must be a checkpoint step (an integer >= 0), got {value!r}") from None
+    if step < 0:
+        raise ValueError(f"--resume STEP must be a checkpoint step (an integer >= 0), got {value!r}")
+    return True, step
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
@@ -45,9 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("absl", "jax._src", "orbax", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
+        resume, resume_step = _resume_flag(args.resume)
         config = config_lib.load(
             args.config, tuple(args.overrides),
-            mesh=args.mesh, run_dir=args.run_dir, resume=args.resume, listen=args.listen,
+            mesh=args.mesh, run_dir=args.run_dir, resume=resume, resume_step=resume_step, listen=args.listen,
             steps=args.steps, mode=args.mode, max_staleness=args.max_staleness,
             **{"fleet.workers": args.rollout_workers, "fleet.engine": args.engine,
                "fleet.addresses": args.rollout_addresses.split(",") if args.rollout_addresses else None})
@@ -64,10 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from controller.loop import run
     from controller.fleet import FleetError
+    from controller.pipeline import ResumeError
 
     try:
         summary = run(config)
-    except FleetError as error:
+    except (FleetError, ResumeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0 if summary.get("steps", 0) == config.steps else 1

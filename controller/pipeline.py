@@ -7,6 +7,22 @@ functions; it owns no math.
 Weight versions: version 0 is the model folder's weights, which every worker loads at start.
 Each publish makes version + 1 (an Orbax snapshot under run_dir/weights, plus an HF export
 for SGLang workers) and waits until every worker acknowledged it (DESIGN rule 5).
+
+Checkpoints are the whole pipeline (DESIGN rule 6), one Orbax step folder per save, named by
+the number of completed RL steps and renamed into place only when complete:
+- `state`: the learner's TrainState (params, reference params, optimiser, RNG, step);
+- `extra`: the task cursors with the ids consumed in the current pass, the env registry, the
+  current WeightVersion, the count of groups issued (which seeds the next ones), the groups
+  issued but not yet trained (in flight or buffered; re-issued on resume under the same ids),
+  the byte length of metrics.jsonl and trajectories.jsonl, and the history behind the summary.
+A resumed run cuts both files back to those lengths, deletes checkpoints and weight snapshots
+newer than the one it resumed from (they belong to the abandoned run), and brings every worker
+to the checkpoint's weight version before anything is rolled out.
+
+Determinism: every random choice of a training group (its env, its sampling seed) comes from
+an RNG keyed by (run seed, group index), never from wall-clock or completion order, and group
+ids are the index. With workers that share a seed (spawned ones do), a synchronous run killed
+at any moment and resumed repeats the uninterrupted run's groups exactly.
 """
 
 from __future__ import annotations
@@ -14,9 +30,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import pathlib
+import shutil
 import time
-import uuid
 from typing import Any
 
 import numpy as np
@@ -38,10 +55,20 @@ from learner.sharding import make_mesh
 from model.hf_io import load_hf
 from model.tokenizer import Tokenizer
 from model.weights import WeightVersion, params_digest
+from rollout.client import RolloutError
 from rollout.api import GroupRequest, SamplingParams, Trajectory
 from sandbox import api as sandbox_api
 
 logger = logging.getLogger(__name__)
+
+
+CHECKPOINT_FORMAT = 2
+STREAMS = ("metrics.jsonl", "trajectories.jsonl")
+"""Append-only files a checkpoint records the length of; a resumed run cuts them back to it."""
+
+
+class ResumeError(ValueError):
+    """A resume the run directory cannot give: the named checkpoint does not exist."""
 
 
 def every(period: int, step: int, total: int) -> bool:
@@ -66,7 +93,12 @@ class Pipeline:
     tokenizer: Tokenizer | None = None
     step: int = 0
     resumed: bool = False
-    rng: np.random.Generator = dataclasses.field(default_factory=lambda: np.random.default_rng(0))
+    groups_issued: int = 0
+    """Training groups handed out so far; group `i` is `g{i}` and its random choices are keyed by (seed, i)."""
+    pending: dict[str, GroupRequest] = dataclasses.field(default_factory=dict)
+    """Groups handed out and not yet collected (in flight or finished but unread), by group id."""
+    reissue: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """After a resume: the checkpoint's pending groups, handed out again (same ids) before new ones."""
     history: list[dict[str, float]] = dataclasses.field(default_factory=list)
     evals: dict[str, list[tuple[int, float]]] = dataclasses.field(default_factory=dict)
     staleness: dict[int, int] = dataclasses.field(default_factory=dict)
@@ -88,20 +120,25 @@ class Pipeline:
         registry = EnvRegistry()
         tasks = TaskSource(config.seed)
         checkpoints = run_dir / "checkpoints"
-        start_step, resumed = 0, False
-        if config.resume and Learner.latest_step(checkpoints) is not None:
-            learner, extra = Learner.restore(checkpoints, mesh=mesh, config=config.learner)
+        restore_step = _resume_step(config, checkpoints)
+        extra: dict[str, Any] = {}
+        if restore_step is not None:
+            learner, extra = Learner.restore(checkpoints, mesh=mesh, step=restore_step, config=config.learner)
             registry.load_state(extra["registry"])
             tasks.load_state(extra["tasks"], {s.name: s for s in registry.active_specs()})
             version = WeightVersion.from_dict(extra["weights"])
-            start_step, resumed = int(extra["step"]), True
-            logger.info("resumed at step %d (weights version %d) from %s", start_step, version.version, checkpoints)
+            discarded = Learner.discard_after(checkpoints, restore_step)
+            _cut_streams(run_dir, extra.get("streams"))
+            logger.info("resumed at step %d (weights version %d) from %s%s", int(extra["step"]), version.version,
+                        checkpoints, f"; discarded newer checkpoints {discarded}" if discarded else "")
         else:
+            _start_fresh(run_dir)
             model_config, params = load_hf(model_dir)
             version = WeightVersion(version=0, step=0, location=str(model_dir), format="hf_safetensors",
                                     digest=params_digest(params), created_at=time.time())
             learner = Learner(config.learner, model_config, params, mesh)
             registry.submit(env_spec, step=0)
+        start_step = int(extra.get("step", 0))
         status = RunStatus(total_steps=config.steps, mode=config.mode)
         server, port = serve_controller(registry, status, config.listen, security=config.security)
         logger.info("ControllerService listening on %s", f"{config.listen.rsplit(':', 1)[0]}:{port}")
@@ -115,10 +152,25 @@ class Pipeline:
             server.stop(grace=0)
             raise
         status.update(rollout_workers=fleet.size)
-        tracker = MultiTracker([JsonlTracker(run_dir), TensorBoardTracker(run_dir), ConsoleTracker(config.steps)])
-        return cls(config, run_dir, model_dir, learner, fleet, registry, tasks, tracker, status, server, port,
-                   version, tokenizer=Tokenizer.from_dir(model_dir), step=start_step, resumed=resumed,
-                   rng=np.random.default_rng([config.seed, start_step]))
+        tracker = MultiTracker([JsonlTracker(run_dir),
+                                TensorBoardTracker(run_dir, purge_step=start_step if restore_step else None),
+                                ConsoleTracker(config.steps)])
+        pipe = cls(config, run_dir, model_dir, learner, fleet, registry, tasks, tracker, status, server, port,
+                   version, tokenizer=Tokenizer.from_dir(model_dir), step=start_step,
+                   resumed=restore_step is not None)
+        if restore_step is not None:
+            pipe._load_extra(extra)
+        return pipe
+
+    def _load_extra(self, extra: dict[str, Any]) -> None:
+        """The loop-side state of a checkpoint (older formats lack some keys: those start empty)."""
+        self.groups_issued = int(extra.get("groups_issued", 0))
+        self.reissue = list(extra.get("pending", []))
+        self.history = [dict(row) for row in extra.get("history", [])]
+        self.evals = {name: [(int(s), float(v)) for s, v in curve] for name, curve in extra.get("evals", {}).items()}
+        self.staleness = {int(age): int(count) for age, count in extra.get("staleness", {}).items()}
+        if "eval_before" in extra:
+            self.summary["eval_before"] = dict(extra["eval_before"])
 
     def close(self) -> None:
         self.status.close()
@@ -135,11 +187,42 @@ class Pipeline:
         The warm start uses its own optimiser (constant `warm_start.learning_rate`); RL then
         starts a fresh one whose reference policy is the warm-started model.
         """
-        if not self.resumed and self.config.warm_start.steps > 0:
+        if self.resumed:
+            self._restore_weights()
+            return
+        if self.config.warm_start.steps > 0:
             self._warm_start()
         self.publish()
-        if not self.resumed:
-            self.summary["eval_before"] = self.evaluate(-1)
+        self.summary["eval_before"] = self.evaluate(-1)
+
+    def _restore_weights(self) -> None:
+        """Bring every worker to the checkpoint's weights before it serves anything.
+
+        The checkpoint's version is sent again (same number, same digest, so the resumed run
+        matches an uninterrupted one) when its snapshot is intact and holds the restored params.
+        Otherwise, or when a re-attached worker already serves a higher version (one the killed
+        controller published after the checkpoint), the restored params are published as a
+        version above every version served, because workers never go back."""
+        saved = self.version
+        _discard_snapshots_after(self.run_dir / "weights", saved.version)
+        served = [info.version for info in self._worker_infos()]
+        intact = params_digest(self.learner.params) == saved.digest and _snapshot_holds(saved)
+        if intact and max(served, default=0) <= saved.version:
+            self.fleet.update_weights(saved)
+            self.status.update(weights=saved)
+            logger.info("workers serve the checkpoint's weights version %d", saved.version)
+            return
+        self.version = dataclasses.replace(saved, version=max([saved.version, *served]))
+        self.publish()
+        logger.info("restored weights republished as version %d (checkpoint had %d%s)", self.version.version,
+                    saved.version, "" if intact else ", its snapshot was missing or differed")
+
+    def _worker_infos(self) -> list:
+        try:
+            return self.fleet.infos()
+        except RolloutError as error:  # an unreachable worker is revived by the weight update that follows
+            logger.warning("could not ask every worker its version: %s", error)
+            return []
 
     def _warm_start(self) -> None:
         spec = self.registry.active_specs()[0]
@@ -167,24 +250,43 @@ class Pipeline:
     # -- per step ----------------------------------------------------------------------------
 
     def next_group_requests(self, n: int) -> list[GroupRequest]:
+        """`n` training groups: first any the checkpoint left pending (re-issued under their ids;
+        all of them, even past `n`), then new ones, each keyed by its index (module docstring)."""
+        requests = self._reissued()
         data = self.config.data
-        requests = []
-        for spec in self.registry.sample(self.rng, n):
-            task = self.tasks.next_task(spec)
+        rng = np.random.default_rng([self.config.seed, self.groups_issued])
+        for spec in self.registry.sample(rng, max(0, n - len(requests))):
+            index, self.groups_issued = self.groups_issued, self.groups_issued + 1
             requests.append(GroupRequest(
-                group_id=f"s{self.step}-{uuid.uuid4().hex[:8]}",
-                env=spec, task=task, group_size=data.group_size,
-                sampling=self._sampling(spec, data.temperature, data.top_p)))
+                group_id=f"s{self.step}-g{index}", env=spec, task=self.tasks.next_task(spec),
+                group_size=data.group_size, sampling=self._sampling(spec, int(rng.integers(1 << 31)))))
+        for request in requests:
+            self.pending[request.group_id] = request
         return requests
 
-    def _sampling(self, spec: sandbox_api.EnvSpec, temperature: float, top_p: float) -> SamplingParams:
-        overrides = spec.sampling
+    def _reissued(self) -> list[GroupRequest]:
+        specs = {spec.name: spec for spec in self.registry.active_specs()}
+        requests = []
+        for item in self.reissue:
+            spec = specs.get(item["env"])
+            if spec is None:  # removed or paused since: its group is not owed any more
+                logger.warning("group %s of env %r is not re-issued: the env is not active", item["group_id"],
+                               item["env"])
+                continue
+            requests.append(GroupRequest(
+                group_id=item["group_id"], env=spec, task=self.tasks.find(spec, item["task_id"]),
+                group_size=int(item["group_size"]), sampling=self._sampling(spec, int(item["seed"]))))
+        self.reissue = []
+        return requests
+
+    def _sampling(self, spec: sandbox_api.EnvSpec, seed: int) -> SamplingParams:
+        overrides, data = spec.sampling, self.config.data
         return SamplingParams(
-            temperature=temperature if overrides.temperature is None else overrides.temperature,
-            top_p=top_p if overrides.top_p is None else overrides.top_p,
+            temperature=data.temperature if overrides.temperature is None else overrides.temperature,
+            top_p=data.top_p if overrides.top_p is None else overrides.top_p,
             top_k=0 if overrides.top_k is None else overrides.top_k,
             max_new_tokens=spec.budgets.max_new_tokens_per_turn,
-            seed=int(self.rng.integers(1 << 31)))
+            seed=seed)
 
     def collect(self, results: list[GroupResult | None]) -> tuple[list[list[Trajectory]], dict[str, int]]:
         """Scored trajectories per group, and infra errors by class (never rewards)."""
@@ -192,9 +294,11 @@ class Pipeline:
         for result in results:
             if result is None:
                 continue
+            self.pending.pop(result.request.group_id, None)
             for name, count in result.infra_errors.items():
                 infra[name] = infra.get(name, 0) + count
-            scored, errors = stats.split_infra(result.trajectories)
+            # Samples in index order, not finishing order: the batch (and so the update) is reproducible.
+            scored, errors = stats.split_infra(sorted(result.trajectories, key=_sample_order))
             for name, count in errors.items():
                 infra[name] = infra.get(name, 0) + count
             if not result.trajectories:
@@ -281,8 +385,11 @@ class Pipeline:
         sampling = SamplingParams(temperature=0.0, max_new_tokens=spec.budgets.max_new_tokens_per_turn)
         requests = [GroupRequest(group_id=f"eval-{tag}-{i}", env=spec, task=task, group_size=1, sampling=sampling)
                     for i, task in enumerate(tasks)]
-        groups, _ = self.collect(self.fleet.rollout(requests))
+        groups, infra = self.collect(self.fleet.rollout(requests))
         scored = [t for g in groups for t in g]
+        if not scored:  # every eval episode was lost to infra errors: no measurement, not a 0
+            logger.warning("eval %s on %s: no episode finished (infra errors %s)", tag, spec.name, infra)
+            return {}
         self._write_samples(f"eval-{spec.name}-{tag}", scored[:8])
         return stats.rollout_metrics(scored, self.version.version, prefix=f"eval/{spec.name}")
 
@@ -297,12 +404,21 @@ class Pipeline:
                           f"true={t.true_metric:.0f} end={t.termination.value}\n{self.tokenizer.decode(ids)}\n\n")
 
     def checkpoint(self, step: int) -> None:
-        self.learner.save(self.run_dir / "checkpoints", extra={
+        """Save the whole pipeline after `step` as checkpoint `step + 1` (module docstring)."""
+        self.learner.save(self.run_dir / "checkpoints", step=step + 1, extra={
+            "format": CHECKPOINT_FORMAT,
             "step": step + 1,
             "tasks": self.tasks.state(),
             "registry": self.registry.to_state(),
             "weights": self.version.to_dict(),
-            "history_len": len(self.history),
+            "groups_issued": self.groups_issued,
+            "pending": [{"group_id": r.group_id, "env": r.env.name, "task_id": r.task.task_id,
+                         "group_size": r.group_size, "seed": r.sampling.seed} for r in self.pending.values()],
+            "streams": {name: _length(self.run_dir / name) for name in STREAMS},
+            "history": self.history,
+            "evals": {name: [[s, v] for s, v in curve] for name, curve in self.evals.items()},
+            "staleness": {str(age): count for age, count in self.staleness.items()},
+            "eval_before": self.summary.get("eval_before", {}),
         })
 
     # -- end ---------------------------------------------------------------------------------
@@ -332,6 +448,71 @@ class Pipeline:
         report = write_report(self.run_dir, load_history(self.run_dir), summary, self.staleness)
         print(format_summary(summary, report))
         return summary
+
+
+def _sample_order(trajectory: Trajectory) -> tuple[int, str]:
+    """Sort key of a group's samples: the sample index that ends the id (`group:attempt:index`)."""
+    tail = trajectory.trajectory_id.rsplit(":", 1)[-1]
+    return (int(tail) if tail.isdigit() else -1, trajectory.trajectory_id)
+
+
+def _resume_step(config: RunConfig, checkpoints: pathlib.Path) -> int | None:
+    """The checkpoint step to resume from, or None to start fresh (no resume asked, or none saved yet)."""
+    if not config.resume:
+        return None
+    steps = Learner.checkpoint_steps(checkpoints)
+    if config.resume_step == -1:
+        if not steps:
+            logger.info("--resume: no checkpoint in %s yet; starting fresh", checkpoints)
+        return steps[-1] if steps else None
+    if config.resume_step not in steps:
+        raise ResumeError(f"--resume {config.resume_step}: no checkpoint {config.resume_step} in {checkpoints}; "
+                          f"the checkpoints there are {steps or 'none'}")
+    return config.resume_step
+
+
+def _start_fresh(run_dir: pathlib.Path) -> None:
+    """A fresh run owns its run dir: a previous run's checkpoints, weight snapshots and streams go."""
+    old = [name for name in ("checkpoints", "weights", *STREAMS) if (run_dir / name).exists()]
+    if old:
+        logger.warning("starting fresh in %s: removing the previous run's %s (pass --resume to continue it)",
+                       run_dir, ", ".join(old))
+    for name in ("checkpoints", "weights"):
+        shutil.rmtree(run_dir / name, ignore_errors=True)
+    _cut_streams(run_dir, {})
+
+
+def _length(path: pathlib.Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+def _cut_streams(run_dir: pathlib.Path, lengths: dict[str, int] | None) -> None:
+    """Cut each append-only stream back to its length at the checkpoint (0 when it had none)."""
+    if lengths is None:  # a checkpoint older than stream positions: leave the files as they are
+        return
+    for name in STREAMS:
+        path = run_dir / name
+        if path.exists():
+            with open(path, "r+b") as f:
+                f.truncate(min(int(lengths.get(name, 0)), os.fstat(f.fileno()).st_size))
+
+
+def _discard_snapshots_after(root: pathlib.Path, version: int) -> None:
+    """Delete weight snapshots newer than `version`: the killed run published them after the checkpoint."""
+    if not root.exists():
+        return
+    for folder in root.iterdir():
+        name = folder.name
+        if folder.is_dir() and name.startswith("v") and name[1:].isdigit() and int(name[1:]) > version:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _snapshot_holds(version: WeightVersion) -> bool:
+    """The snapshot folder of `version` exists and records the same digest."""
+    try:
+        return WeightVersion.read(version.location).digest == version.digest
+    except (OSError, ValueError, KeyError):
+        return False
 
 
 def _mean_defined(values) -> float:

@@ -16,9 +16,10 @@ and, optionally, the staleness histogram of the step as `staleness/hist/<version
 
 metrics.jsonl: one JSON object per line, `{"step": int, "time": unix seconds, <name>: float, ...}`;
 NaN and infinities are written as null so that any JSON reader can parse the file.
-The file is appended to, so a resumed run continues it. A step may have several lines (the
-training metrics, then the evaluation's); `load_history` merges the lines of each step, later
-values winning, which also replaces steps that a crash made the run repeat.
+The file is appended to, so a resumed run continues it: the pipeline checkpoint records the file's
+length and a resumed run first cuts it back to that length, so no step's lines are duplicated or
+missing. A step may have several lines (the training metrics, then the evaluation's);
+`load_history` merges the lines of each step, later values winning.
 """
 
 from __future__ import annotations
@@ -137,11 +138,12 @@ def load_history(path: str | pathlib.Path) -> list[dict]:
 class TensorBoardTracker:
     """Scalars to TensorBoard event files in run_dir/tb (tensorboardX; `tensorboard --logdir run_dir/tb`)."""
 
-    def __init__(self, run_dir: str | pathlib.Path, flush_secs: int = 10):
+    def __init__(self, run_dir: str | pathlib.Path, flush_secs: int = 10, purge_step: int | None = None):
+        """`purge_step`: a resumed run's first step; TensorBoard hides events the killed run wrote from it on."""
         from tensorboardX import SummaryWriter  # slow import: only when asked for
 
         self.logdir = pathlib.Path(run_dir) / "tb"
-        self._writer = SummaryWriter(logdir=str(self.logdir), flush_secs=flush_secs)
+        self._writer = SummaryWriter(logdir=str(self.logdir), flush_secs=flush_secs, purge_step=purge_step)
         self._closed = False
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:

@@ -226,14 +226,18 @@ class Learner:
             self._manager_dir = ckpt_dir
         return self._manager
 
-    def save(self, ckpt_dir: str | Path, extra: dict[str, Any] | None = None) -> int:
-        """Checkpoint the train state and the controller's `extra` (JSON-able) together at
-        the current step; returns the step. Asynchronous when config.async_checkpoint: the
-        device-to-host copy happens now, the write in the background (`wait`)."""
+    def save(self, ckpt_dir: str | Path, extra: dict[str, Any] | None = None, *,
+             step: int | None = None) -> int:
+        """Checkpoint the train state and the controller's `extra` (JSON-able) together as
+        `step` (default: the optimiser step); returns the step. The three items land in one
+        Orbax step folder that is renamed into place only when all are written, so a crash
+        mid-save leaves the previous checkpoint as the latest. Asynchronous when
+        config.async_checkpoint: the device-to-host copy happens now, the write in the
+        background (`wait`)."""
         manager = self._checkpoint_manager(ckpt_dir)
         config_json = {"learner": dataclasses.asdict(self.config),
                        "model": _model_config_to_dict(self.model_config)}
-        step = self.step
+        step = self.step if step is None else int(step)
         manager.save(step, args=ocp.args.Composite(
             state=ocp.args.StandardSave(self.state),
             extra=ocp.args.JsonSave(extra or {}),
@@ -260,6 +264,26 @@ class Learner:
         with _make_manager(Path(ckpt_dir).absolute(), LearnerConfig()) as manager:
             return manager.latest_step()
 
+    @staticmethod
+    def checkpoint_steps(ckpt_dir: str | Path) -> list[int]:
+        """Every complete checkpoint step in `ckpt_dir`, ascending (unfinished saves are not listed)."""
+        if not Path(ckpt_dir).exists():
+            return []
+        with _make_manager(Path(ckpt_dir).absolute(), LearnerConfig()) as manager:
+            return sorted(manager.all_steps())
+
+    @staticmethod
+    def discard_after(ckpt_dir: str | Path, step: int) -> list[int]:
+        """Delete the checkpoints newer than `step` (a run resumed from `step` replaces them);
+        returns the deleted steps."""
+        if not Path(ckpt_dir).exists():
+            return []
+        with _make_manager(Path(ckpt_dir).absolute(), LearnerConfig()) as manager:
+            newer = sorted(s for s in manager.all_steps() if s > step)
+            for s in newer:
+                manager.delete(s)
+        return newer
+
     @classmethod
     def restore(cls, ckpt_dir: str | Path, *, mesh: Mesh, step: int | None = None,
                 config: LearnerConfig | None = None) -> tuple[Learner, dict[str, Any]]:
@@ -273,6 +297,11 @@ class Learner:
             step = manager.latest_step()
             if step is None:
                 raise FileNotFoundError(f"Learner.restore: no checkpoint in {ckpt_dir}")
+        elif step not in manager.all_steps():
+            steps = sorted(manager.all_steps())
+            manager.close()
+            raise FileNotFoundError(f"Learner.restore: step must be one of the checkpoints in {ckpt_dir} "
+                                    f"{steps}, got {step}")
         meta = manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))
         saved = meta["config"]
         model_config = _model_config_from_dict(saved["model"])
