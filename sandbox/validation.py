@@ -72,18 +72,21 @@ def validate_env_spec(
         known_kinds = KINDS
     kinds = sorted(set(known_kinds) | {"remote"})
     f = "EnvSpec"
-    _require(NAME_PATTERN.match(spec.name or ""), f"{f}.name", "must match [a-z0-9][a-z0-9_.-]{0,63}", spec.name)
-    _require(spec.kind in kinds, f"{f}.kind", f"must be one of {kinds}", spec.kind)
+    _require(isinstance(spec.name, str) and NAME_PATTERN.match(spec.name), f"{f}.name",
+             "must match [a-z0-9][a-z0-9_.-]{0,63}", spec.name)
+    _require(isinstance(spec.kind, str) and spec.kind in kinds, f"{f}.kind", f"must be one of {kinds}", spec.kind)
     if spec.kind == "remote":
-        _require(ADDRESS_PATTERN.match(spec.remote_address or ""), f"{f}.remote_address",
+        _require(isinstance(spec.remote_address, str) and ADDRESS_PATTERN.match(spec.remote_address),
+                 f"{f}.remote_address",
                  "must be host:port when kind is 'remote'", spec.remote_address)
         port = int(spec.remote_address.rsplit(":", 1)[1])
         _require(0 < port < 65536, f"{f}.remote_address", "port must be between 1 and 65535", spec.remote_address)
     else:
         _require(not spec.remote_address, f"{f}.remote_address", "must be empty unless kind is 'remote'",
                  spec.remote_address)
+    _require(isinstance(spec.args, dict), f"{f}.args", "must be a mapping", spec.args)
     check_json(spec.args, f"{f}.args", limits)
-    if isinstance(spec.args, dict) and "num_tasks" in spec.args:  # generated tasks are held in memory too
+    if "num_tasks" in spec.args:  # generated tasks are held in memory too
         _check_int(spec.args["num_tasks"], f"{f}.args.num_tasks", 1, limits.max_tasks)
 
     _require(len(spec.tasks) <= limits.max_tasks, f"{f}.tasks", f"at most {limits.max_tasks} tasks", len(spec.tasks))
@@ -97,7 +100,7 @@ def validate_env_spec(
     names: set[str] = set()
     for i, tool in enumerate(spec.tools):
         g = f"{f}.tools[{i}]"
-        _require(re.match(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$", tool.name or ""), f"{g}.name",
+        _require(isinstance(tool.name, str) and re.match(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$", tool.name), f"{g}.name",
                  "must be an identifier of at most 64 characters", tool.name)
         _require(tool.name not in names, f"{g}.name", "must be unique within the env", tool.name)
         names.add(tool.name)
@@ -132,7 +135,7 @@ def validate_env_spec(
         _check_int(s.top_k, f"{f}.sampling.top_k", 0, 1 << 20)
 
     _check_number(spec.mixture_weight, f"{f}.mixture_weight", 1e-9, limits.max_mixture_weight)
-    _require(0.0 <= spec.eval_fraction < 1.0 and math.isfinite(spec.eval_fraction), f"{f}.eval_fraction",
+    _require(_is_number(spec.eval_fraction) and 0.0 <= spec.eval_fraction < 1.0, f"{f}.eval_fraction",
              "must be in [0, 1)", spec.eval_fraction)
     return spec
 
@@ -141,12 +144,13 @@ def validate_task(task: api.Task, field: str = "Task", limits: SpecLimits = Spec
                   kind: str | None = None) -> api.Task:
     """Return `task` unchanged if it is valid; raise `SpecError` otherwise. With `kind`, also the
     kind's own rules (the `files` env's starting files must be workspace-relative paths)."""
-    _require(task.task_id and len(task.task_id) <= 128, f"{field}.task_id",
+    _require(isinstance(task.task_id, str) and 0 < len(task.task_id) <= 128, f"{field}.task_id",
              "must be non-empty and at most 128 characters", task.task_id)
+    _require(isinstance(task.prompt, str), f"{field}.prompt", "must be text", task.prompt)
     _require(task.prompt, f"{field}.prompt", "must be non-empty", task.prompt)
     _require(len(task.prompt) <= limits.max_prompt_chars, f"{field}.prompt",
              f"must be at most {limits.max_prompt_chars} characters", f"<{len(task.prompt)} characters>")
-    _require(task.split in SPLITS, f"{field}.split", f"must be one of {list(SPLITS)}", task.split)
+    _require(isinstance(task.split, str) and task.split in SPLITS, f"{field}.split", f"must be one of {list(SPLITS)}", task.split)
     check_json(task.verifier, f"{field}.verifier", limits)
     check_json(task.metadata, f"{field}.metadata", limits)
     if kind == "files":
@@ -178,8 +182,12 @@ def _require(ok: Any, field: str, rule: str, value: Any) -> None:
         raise SpecError(field, rule, value)
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _check_number(value: Any, field: str, low: float, high: float) -> None:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = _is_number(value)
     _require(ok and low <= value <= high, field, f"must be a finite number between {low:g} and {high:g}", value)
 
 
