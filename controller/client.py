@@ -95,14 +95,14 @@ def _build(cls: type, data: Any, where: str) -> Any:
     unknown = sorted(str(k) for k in data if k not in fields)
     if unknown:
         raise EnvFileError(f"{where}: unknown key {unknown[0]!r}; valid keys: {', '.join(sorted(fields))}")
+    kwargs = {}
+    for key, value in data.items():
+        kwargs[key] = _convert(hints[key], value, f"{where}.{key}")
     required = sorted(f.name for f in dataclasses.fields(cls)
                       if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
     missing = [k for k in required if k not in data]
     if missing:
         raise EnvFileError(f"{where}: missing key {missing[0]!r}; required keys: {', '.join(required)}")
-    kwargs = {}
-    for key, value in data.items():
-        kwargs[key] = _convert(hints[key], value, f"{where}.{key}")
     return cls(**kwargs)
 
 
