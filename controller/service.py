@@ -260,7 +260,10 @@ class ControllerServicer(controller_pb2_grpc.ControllerServiceServicer):
         validation.check_message_size(request.spec.ByteSize(), self.registry.limits)
         if not request.HasField("spec"):
             raise validation.SpecError("SubmitEnvRequest.spec", "must be set", None)
-        spec = wire.env_spec_from_proto(request.spec)
+        try:
+            spec = wire.env_spec_from_proto(request.spec)
+        except ValueError as error:  # a Struct field that is not plain JSON, e.g. NaN in args
+            raise validation.SpecError("EnvSpec", "must hold plain JSON values", str(error)) from None
         record = self.registry.submit(spec, replace=request.replace, step=self._current_step())
         logger.info("env %r submitted (kind %s, replace=%s) by %s", spec.name, spec.kind, request.replace, context.peer())
         return controller_pb2.SubmitEnvResponse(env=env_record_to_proto(record))
