@@ -8,7 +8,12 @@ Args (EnvSpec.args): `level` 1..3, `num_tasks` (default 256), `seed` (default 0)
 Tools: `calculator` {"expression": ...} (observation: just the value, e.g. "1776") and `answer`
 {"answer": ...}. Scoring: "outcome" 1.0 when the answer is exactly the true integer (commas,
 spaces and a trailing period are ignored), true_metric the same; "format" 1.0 when the agent
-answered through the answer tool. The calculator is pure Python: no sandbox, no workspace.
+answered through the answer tool; "process" the mean over calculator calls of how much of the
+task's computation the call reproduces (`expression_credit`: 1.0 when it has the task's value,
+else the share of the task's numbers and operators it has in the same places). The process
+component is shaping: it credits the operator and each operand separately, so a sample that
+picked the right operation but miscopied a digit is told so, which the all-or-nothing outcome
+cannot say. The calculator is pure Python: no sandbox, no workspace.
 
 Tasks are a deterministic function of (level, num_tasks, seed). Expressions are unique within a
 generated set, so the eval split (`EnvSpec.eval_fraction`, a seeded choice) never shares a
@@ -28,9 +33,9 @@ import random
 import re
 import time
 
-from sandbox.api import EnvSpec, Task
+from sandbox.api import EnvSpec, ProcessVerdict, Task
 from sandbox.envs.base import BuiltinEnv, Score, assign_splits
-from sandbox.tools import calculate
+from sandbox.tools import CalculatorError, calculate
 
 LEVELS = (1, 2, 3)
 
@@ -84,6 +89,26 @@ def generate_tasks(spec: EnvSpec) -> list[Task]:
 
 
 _NOISE = re.compile(r"[\s,_$]")
+_TERM = re.compile(r"\d+|[-+*/()]")
+
+
+def expression_credit(expression: object, target: str) -> float:
+    """How much of `target`'s computation `expression` reproduces, in [0, 1].
+
+    1.0 when both evaluate to the same value (so `14 * 742` counts for `742 * 14`); otherwise
+    the share of the target's terms (integers, operators, parentheses) that `expression` has
+    at the same index, over the longer of the two term lists — so extra terms cost credit too.
+    Text that is not an expression scores 0."""
+    if not isinstance(expression, str):
+        return 0.0
+    try:
+        if calculate(expression) == calculate(target):
+            return 1.0
+    except CalculatorError:
+        return 0.0
+    got, want = _TERM.findall(expression), _TERM.findall(target)
+    same = sum(a == b for a, b in zip(got, want))
+    return same / max(len(got), len(want), 1)
 
 
 def parse_integer(answer: str | None) -> int | None:
@@ -124,6 +149,12 @@ class CalcEnv(BuiltinEnv):
             if delay > 0:
                 _sleep(delay)
         return super()._dispatch(call)
+
+    def process_verdict(self, call, result, changes) -> ProcessVerdict | None:
+        if call.name != "calculator":
+            return None
+        credit = expression_credit(call.arguments.get("expression"), self.task.verifier["expression"])
+        return ProcessVerdict(credit, f"calculator call reproduces {credit:.0%} of the task's expression")
 
     def score(self, answer: str | None) -> Score:
         value = parse_integer(answer)

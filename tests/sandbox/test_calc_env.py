@@ -2,7 +2,7 @@
 
 Proves: tasks are a pure function of (level, num_tasks, seed) and match each level's shape; the
 eval split has the requested size and shares no problem with train; the calculator step returns
-just the value; outcome/format/true_metric follow the rules in sandbox/envs/calc.py; the env never
+just the value; outcome/format/process/true_metric follow the rules in sandbox/envs/calc.py; the env never
 builds a sandbox pool (the demo must stay microseconds per tool call).
 
 Run: .venv/bin/python -m pytest tests/sandbox/test_calc_env.py -q
@@ -17,7 +17,7 @@ import pytest
 import sandbox.pool
 from sandbox.api import Budgets, EnvSpec, RewardWeights, ToolCall, combine_reward
 from sandbox.envs import KINDS, generate_tasks, make_env
-from sandbox.envs.calc import parse_integer
+from sandbox.envs.calc import expression_credit, parse_integer
 
 
 def spec(level=1, num_tasks=50, seed=0, eval_fraction=0.0, **kw) -> EnvSpec:
@@ -117,6 +117,29 @@ def test_wrong_answer_and_no_answer():
     task = generate_tasks(spec())[0]
     _, _, free_text = run_episode([], answer=task.verifier["answer"])  # answered outside the tool
     assert free_text.reward_components["outcome"] == 1.0 and free_text.reward_components["format"] == 0.0
+
+
+@pytest.mark.parametrize("expression, credit", [
+    ("742 * 14", 1.0), ("14 * 742", 1.0), ("(742) * 14", 1.0),  # the task's value, in any form
+    ("742 + 14", 2 / 3), ("741 * 14", 2 / 3), ("741 + 14", 1 / 3), ("14 * 742 + 0", 1.0),
+    ("742 * 14 * 2", 3 / 5), ("742", 1 / 3), ("hello", 0.0), ("", 0.0), (None, 0.0), (742, 0.0),
+])
+def test_expression_credit_counts_terms_in_place(expression, credit):
+    assert expression_credit(expression, "742 * 14") == pytest.approx(credit)
+
+
+def test_process_component_is_the_mean_credit_of_calculator_calls():
+    task = generate_tasks(spec())[0]  # the task run_episode plays
+    a, op, b = task.verifier["expression"].split()
+    other = {"+": "*", "*": "+"}[op]
+    _, results, outcome = run_episode([ToolCall("calculator", {"expression": f"{a} {other} {b}"}),
+                                       ToolCall("calculator", {"expression": task.verifier["expression"]}),
+                                       ToolCall("answer", {"answer": task.verifier["answer"]})])
+    assert results[0].verdict.score == pytest.approx(2 / 3) and results[1].verdict.score == 1.0
+    assert results[2].verdict is None  # the answer is the outcome's business
+    assert outcome.reward_components["process"] == pytest.approx((2 / 3 + 1.0) / 2)
+    _, _, no_calls = run_episode([ToolCall("answer", {"answer": "1"})])
+    assert "process" not in no_calls.reward_components  # absent, not 0: nothing was judged
 
 
 @pytest.mark.parametrize("text, value", [("1776", 1776), (" 1,776. ", 1776), ("-42", -42), ("$12$", 12),
