@@ -68,7 +68,7 @@ class Run:
         run_dir.mkdir(parents=True, exist_ok=True)
         if model is not None and not (run_dir / "model").exists():
             shutil.copytree(model, run_dir / "model")
-        env = dict(os.environ, PYTHONPATH=str(ROOT), **(extra_env or {}))
+        env = {**os.environ, "PYTHONPATH": str(ROOT), **(extra_env or {})}
         env.pop("XLA_FLAGS", None)
         if devices:
             env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"

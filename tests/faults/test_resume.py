@@ -60,7 +60,7 @@ def _comparable(rows: list[dict]) -> list[dict]:
 
 
 def test_sync_run_killed_at_a_random_moment_resumes_to_the_same_parameters_and_metrics(tmp_path, tiny_model):
-    steps = 4
+    steps = 3
     rng = random.Random(f"sync/{SEED}")
     baseline = Run.start(tmp_path / "baseline", tiny_model, "--steps", str(steps))
     killed = Run.start(tmp_path / "killed", tiny_model, "--steps", str(steps))
@@ -93,7 +93,7 @@ def _summary(run_dir) -> str:
 
 def test_async_run_resumed_from_a_chosen_checkpoint_on_another_mesh_trains_each_trajectory_once(
         tmp_path, tiny_model):
-    steps, chosen = 5, 2
+    steps, chosen = 4, 2
     rng = random.Random(f"async/{SEED}")
     args = ["--steps", str(steps), "--mode", "async", "--max-staleness", "1", "--set", "learner.importance=tis"]
     run = Run.start(tmp_path / "async", tiny_model, *args)
