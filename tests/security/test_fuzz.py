@@ -2,7 +2,9 @@
 spec validators.
 
 Each service gets random bytes, mutated valid messages and random structured messages on every
-method. The properties: each call ends within its deadline with a clear status (a handled
+unary method and RolloutGroup (StreamMetrics is left out: a request that parses streams until
+the run ends, which is its contract), while a valid client on its own channels calls all three
+services in the background. The properties: each call ends within its deadline with a clear status (a handled
 error code with a message; gRPC's own "Exception deserializing request!" for bytes that are not
 the message), never UNKNOWN (an unhandled exception in a handler) and never a hang; and after
 every example a valid client is still served. The validators get random plain data and random
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 
 import grpc
 import pytest
@@ -74,7 +77,27 @@ def services(tiny_model_dir, tmp_path_factory):
     addresses = {"ControllerService": f"127.0.0.1:{controller_port}", "RolloutService": f"127.0.0.1:{rollout.port}",
                  "EnvService": f"127.0.0.1:{env_port}"}
     channels = {name: grpc.insecure_channel(address) for name, address in addresses.items()}
+    # A valid client calling all three services the whole time the fuzzing runs, on its own channels.
+    stop, record = threading.Event(), {"served": 0, "failures": []}
+
+    def valid_client():
+        own = {name: grpc.insecure_channel(address) for name, address in addresses.items()}
+        while not stop.wait(0.05):
+            try:
+                _still_serving(own)
+                record["served"] += 1
+            except (grpc.RpcError, AssertionError) as error:
+                record["failures"].append(repr(error)[:300])
+        for channel in own.values():
+            channel.close()
+
+    watcher = threading.Thread(target=valid_client, daemon=True)
+    watcher.start()
+    channels["valid_client"] = record
     yield channels
+    stop.set()
+    watcher.join(timeout=60)
+    channels.pop("valid_client")
     for channel in channels.values():
         channel.close()
     controller.stop(0)
@@ -107,6 +130,7 @@ def _call(channel, service: str, method: str, payload: bytes) -> None:
 
 
 def _still_serving(channels) -> None:
+    channels = {k: v for k, v in channels.items() if k != "valid_client"}
     for name, channel in channels.items():
         health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=30)
         assert health.status == health_pb2.HealthCheckResponse.SERVING, name
@@ -238,6 +262,13 @@ def test_random_groups_and_env_resets_get_clear_errors(services, spec, group_siz
     reset = env_service_pb2.ResetRequest(task=task, args=spec.args, safety=spec.safety)
     _call(services["EnvService"], "EnvService", "Reset", reset.SerializeToString())
     _still_serving(services)
+
+
+def test_a_valid_client_was_served_throughout(services):
+    """Runs after the fuzzing tests above (file order): the background client never failed."""
+    record = services["valid_client"]
+    assert record["failures"] == []
+    assert record["served"] > 0
 
 
 # -- the validators alone -------------------------------------------------------------------------
