@@ -184,3 +184,47 @@ class LearnerConfig:
             kl_coef=float(self.kl_coef), kl_estimator=self.kl_estimator,
             kl_mode=self.kl_mode, entropy_coef=float(self.entropy_coef),
             value_coef=float(self.value_coef))
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+    """The learner's processes under `jax.distributed` (one process = one host's devices).
+
+    Process 0 is the controller; processes 1..n-1 are learner hosts
+    (`python -m learner.host`) that follow its steps (learner/multihost.py). The learner mesh
+    then spans every process's devices. One process (the default) needs none of this."""
+
+    coordinator: str = ""
+    """host:port where process 0 serves JAX's coordination service; empty = one process."""
+    num_processes: int = 1
+    """JAX processes in the learner, the controller included."""
+    process_id: int = 0
+    """This process's index (the controller is 0)."""
+    local_cpu_devices: int = 0
+    """CPU backend only (tests, simulation): devices this process exposes; 0 = the platform's
+    default. On GPUs the local devices are the visible GPUs (CUDA_VISIBLE_DEVICES)."""
+    timeout_s: int = 300
+    """Longest the processes wait for each other at start (seconds)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.num_processes, bool) or not isinstance(self.num_processes, int) \
+                or self.num_processes < 1:
+            raise ValueError(f"DistributedConfig.num_processes must be an int >= 1, "
+                             f"got {self.num_processes!r}")
+        if not (isinstance(self.process_id, int) and 0 <= self.process_id < self.num_processes):
+            raise ValueError(f"DistributedConfig.process_id must be in [0, {self.num_processes}), "
+                             f"got {self.process_id!r}")
+        if self.num_processes > 1:
+            host, sep, port = self.coordinator.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"DistributedConfig.coordinator must be host:port when "
+                                 f"num_processes > 1, got {self.coordinator!r}")
+        if not isinstance(self.local_cpu_devices, int) or self.local_cpu_devices < 0:
+            raise ValueError(f"DistributedConfig.local_cpu_devices must be an int >= 0, "
+                             f"got {self.local_cpu_devices!r}")
+        if not isinstance(self.timeout_s, int) or self.timeout_s < 1:
+            raise ValueError(f"DistributedConfig.timeout_s must be an int >= 1, got {self.timeout_s!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.num_processes > 1

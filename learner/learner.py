@@ -132,7 +132,7 @@ class Learner:
     @property
     def params(self) -> Any:
         """Host (numpy) copy of the policy parameters."""
-        return jax.device_get(self.state.params)
+        return sh.to_host(self.state.params)  # a collective when the mesh spans processes
 
     @property
     def row_multiple(self) -> int:
@@ -196,7 +196,7 @@ class Learner:
         params = self.state.ref_params if reference else self.state.params
         with sh.activation_context(self.mesh):
             out = self._logprobs(params, device_batch, self.hparams)
-        return np.asarray(jax.device_get(out))[:rows]
+        return np.asarray(sh.to_host(out))[:rows]
 
     # ------------------------------------------------------------------ weights out
 

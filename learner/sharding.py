@@ -36,6 +36,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 logger = logging.getLogger(__name__)
@@ -195,6 +196,15 @@ def replicated(mesh: Mesh) -> NamedSharding:
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
     """Rows split over the data-parallel axes, everything else replicated."""
     return NamedSharding(mesh, PartitionSpec(BATCH_AXES, *([None] * (ndim - 1))))
+
+
+def to_host(tree: Any) -> Any:
+    """Host (numpy) copy of a tree of arrays. When a mesh spans several processes, an array
+    sharded over other processes' devices is gathered (`process_allgather`): that is a
+    collective, so every process must make the same call (learner/multihost.py sees to it)."""
+    if all(getattr(x, "is_fully_addressable", True) for x in jax.tree.leaves(tree)):
+        return jax.device_get(tree)
+    return multihost_utils.process_allgather(tree, tiled=True)
 
 
 def log_param_shardings(params: Any, shardings: Any, title: str = "params") -> None:

@@ -147,7 +147,13 @@ def save_snapshot(params: Any, root_dir: str | Path, version: int, step: int) ->
 
     def write(tmp: Path) -> None:
         tmp.mkdir(parents=True)
-        checkpointer = ocp.StandardCheckpointer()
+        # Host arrays written by this process alone: in a multi-process learner only process 0
+        # publishes, so Orbax must not wait for the others at its barriers.
+        import jax
+
+        alone = ocp.options.MultiprocessingOptions(primary_host=jax.process_index(),
+                                                   active_processes={jax.process_index()})
+        checkpointer = ocp.StandardCheckpointer(multiprocessing_options=alone)
         checkpointer.save(tmp / PARAMS_DIR, host)
         checkpointer.wait_until_finished()
         checkpointer.close()
