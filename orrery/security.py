@@ -596,7 +596,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     roles = [r for r in args.roles.split(",") if r]
     token = secrets.token_urlsafe(32)
-    TokenTable([(args.name, token_sha256(token), roles)])  # validates name and roles
+    try:
+        TokenTable([(args.name, token_sha256(token), roles)])  # validates name and roles
+    except SecurityError as error:
+        parser.error(str(error))
     if args.out:
         fd = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
