@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from learner.config import LearnerConfig
+from learner.config import DistributedConfig, LearnerConfig
 from orrery.security import ClientSecurity, ServerSecurity, check_listen
 
 
@@ -63,9 +63,61 @@ class FleetConfig:
     """Longest a spawned worker may take to report its port."""
     max_group_retries: int = 2
     """Times a group lost to an infra error is retried on another worker before it is dropped."""
+    dns: str = ""
+    """name:port whose address records are the workers (e.g. a Kubernetes headless service), re-resolved
+    every `dns_interval_s`: workers join and leave while the run goes on. Excludes `addresses`."""
+    dns_interval_s: float = 10.0
+    """Seconds between DNS lookups of `dns`."""
     security: ClientSecurity = ClientSecurity()
     """How to reach `addresses` workers: their CA (TLS), a client certificate, the token file (role
     internal). Spawned workers get a fresh token of their own (docs/threat-model.md)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceConfig:
+    """Which of this host's accelerators the learner and each spawned rollout worker take.
+
+    Indices count this host's devices (`jax.local_devices()` order, which is CUDA's order on GPUs).
+    Sets must not overlap unless `colocate` is on; then the learner and the engines share devices
+    and their memory (docs/operations.md: device allocation). Empty = no pinning: the learner takes
+    every local device and workers see what the environment gives them."""
+
+    learner: tuple[int, ...] = ()
+    """Local device indices the learner mesh is built on; empty = all (the mesh spec must fit them)."""
+    rollout: tuple[tuple[int, ...], ...] = ()
+    """One set per spawned rollout worker (e.g. [[4, 5], [6, 7]]), handed to it as CUDA_VISIBLE_DEVICES;
+    as many sets as `fleet.workers`. SGLang servers run beside workers get the same variable from whoever
+    starts them (deploy/k8s: one GPU request per pod)."""
+    colocate: bool = False
+    """Allow the learner's and the workers' sets to overlap (they take turns; weights and caches of both
+    stay resident)."""
+
+    def check(self, workers: int, spawned: bool) -> None:
+        """Errors name the field and the devices at fault."""
+        sets = {"learner": self.learner, **{f"rollout[{i}]": s for i, s in enumerate(self.rollout)}}
+        for name, ids in sets.items():
+            if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
+                raise ValueError(f"DeviceConfig.{name} must hold device indices >= 0, got {list(ids)}")
+            if len(set(ids)) != len(ids):
+                raise ValueError(f"DeviceConfig.{name} names a device twice: {list(ids)}")
+            if name != "learner" and not ids:
+                raise ValueError(f"DeviceConfig.{name} must name at least one device")
+        for i, a in enumerate(self.rollout):
+            for j in range(i + 1, len(self.rollout)):
+                shared = sorted(set(a) & set(self.rollout[j]))
+                if shared:
+                    raise ValueError(f"DeviceConfig.rollout[{i}] and rollout[{j}] share devices {shared}: "
+                                     f"two engines on one device do not fit; give each worker its own")
+            shared = sorted(set(a) & set(self.learner))
+            if shared and not self.colocate:
+                raise ValueError(f"DeviceConfig.rollout[{i}] and learner share devices {shared}; set "
+                                 f"devices.colocate=true to share them on purpose (docs/operations.md)")
+        if self.rollout and not spawned:
+            raise ValueError("DeviceConfig.rollout pins spawned workers only; with fleet.addresses or fleet.dns "
+                             "the workers' own hosts decide their devices")
+        if self.rollout and len(self.rollout) != workers:
+            raise ValueError(f"DeviceConfig.rollout has {len(self.rollout)} device sets for fleet.workers={workers}; "
+                             f"give one set per worker")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +225,10 @@ class RunConfig:
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     env: EnvConfig = EnvConfig()
+    devices: DeviceConfig = DeviceConfig()
+    distributed: DistributedConfig = DistributedConfig()
+    """Multi-host learner: this controller is process 0 of `num_processes` (learner hosts run
+    `python -m learner.host`); the mesh then spans every process's devices."""
     security: ServerSecurity = ServerSecurity()
     """ControllerService's TLS, tokens file and submission rate limit; listening beyond loopback needs
     TLS and a tokens file (orrery/security.py, docs/threat-model.md)."""
@@ -192,11 +248,26 @@ class RunConfig:
             raise ValueError(f"RunConfig.steps must be >= 0, got {self.steps}")
         if self.fleet.engine not in ("jax", "sglang"):
             raise ValueError(f"FleetConfig.engine must be one of ['jax', 'sglang'], got {self.fleet.engine!r}")
-        if self.fleet.engine == "sglang" and not self.fleet.addresses:
+        if self.fleet.engine == "sglang" and not (self.fleet.addresses or self.fleet.dns):
             raise ValueError("FleetConfig.engine 'sglang': the controller does not launch SGLang servers yet; start "
                              "`python -m rollout.server --engine sglang --sglang-url URL` beside each server and pass "
-                             "--rollout-addresses")
-        if not self.fleet.addresses and self.fleet.workers < 1:
+                             "--rollout-addresses or --rollout-dns")
+        if self.fleet.dns and self.fleet.addresses:
+            raise ValueError(f"FleetConfig.dns and addresses exclude each other, got dns={self.fleet.dns!r} "
+                             f"and addresses={list(self.fleet.addresses)}")
+        if self.fleet.dns:
+            host, sep, port = self.fleet.dns.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"FleetConfig.dns must be name:port (e.g. rollout.orrery.svc.cluster.local:50051), "
+                                 f"got {self.fleet.dns!r}")
+        if not self.fleet.dns_interval_s > 0:
+            raise ValueError(f"FleetConfig.dns_interval_s must be > 0, got {self.fleet.dns_interval_s}")
+        if self.distributed.process_id != 0:
+            raise ValueError(f"DistributedConfig.process_id of the controller must be 0 (learner hosts are "
+                             f"1..n-1), got {self.distributed.process_id}")
+        remote = bool(self.fleet.addresses or self.fleet.dns)
+        self.devices.check(self.fleet.workers, spawned=not remote)
+        if not remote and self.fleet.workers < 1:
             raise ValueError(f"FleetConfig.workers must be >= 1 when no addresses are given, got {self.fleet.workers}")
         check_listen("ControllerService", self.listen, self.security)  # a refused address: one line, before anything starts
 

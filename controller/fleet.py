@@ -6,6 +6,17 @@ workers (`python -m rollout.server`, one process each), hands each GRPO group to
 infrastructure failure on another worker, restarts a dead local worker and brings it to the
 current weights before it serves again, and broadcasts weight versions.
 
+Membership: workers are spawned here, given as a fixed address list, or discovered by DNS
+(`FleetConfig.dns = "name:port"`: every A/AAAA record of `name` is a worker, re-resolved every
+`dns_interval_s`, e.g. a Kubernetes headless service). A discovered worker joins once it answers
+`GetInfo` and is brought to the current weights before its first group; one that drops out of
+DNS leaves: it gets no new groups and is let go when its last group ends. A failed lookup keeps
+the fleet as it is (a DNS blip must not drain it). Several SGLang servers behind SGLang's own
+router are one worker (one address) as far as this file is concerned.
+
+Load: each group goes to the worker with the fewest outstanding groups (those dispatched and
+not yet returned), at most `groups_per_worker` each; ties go to the worker used least recently.
+
 What it is not: a scheduler of tokens. Workers run the whole agent loop; only finished
 trajectories come back.
 
@@ -36,12 +47,14 @@ import os
 import pathlib
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+from typing import Callable, Iterable, Sequence
 
-from controller.config import FleetConfig
+from controller.config import DeviceConfig, FleetConfig
 from model.weights import WeightVersion
 from rollout.api import GroupRequest, Trajectory, WorkerInfo
 from orrery.security import ClientSecurity, token_sha256
@@ -78,6 +91,28 @@ def _end_leftover(pid_file: pathlib.Path) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
+Resolver = Callable[[str, int], list[str]]
+"""(host, port) -> worker addresses 'ip:port'; `resolve_dns` unless a test injects another."""
+
+
+def parse_dns_target(target: str) -> tuple[str, int]:
+    """'name:port' -> (name, port); errors name the value."""
+    host, sep, port = target.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"FleetConfig.dns must be name:port (e.g. rollout.orrery.svc.cluster.local:50051), "
+                         f"got {target!r}")
+    return host, int(port)
+
+
+def resolve_dns(host: str, port: int) -> list[str]:
+    """Every address record of `host` as 'ip:port' ('[ip6]:port'), sorted, each once."""
+    found = set()
+    for family, _, _, _, sockaddr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+        ip = sockaddr[0]
+        found.add(f"[{ip}]:{port}" if family == socket.AF_INET6 else f"{ip}:{port}")
+    return sorted(found)
+
+
 @dataclasses.dataclass
 class GroupResult:
     request: GroupRequest
@@ -96,13 +131,33 @@ class _Worker:
     in_flight: int = 0
     healthy: bool = True
     version: int = -1  # the weight version it acknowledged last (-1: not asked yet)
+    leaving: bool = False  # dropped out of discovery: no new groups, let go when idle
+    last_pick: int = 0  # dispatch counter at its last group (ties go to the least recent)
+
+
+def least_loaded(workers: Sequence[_Worker], avoid: set[str], limit: int) -> _Worker | None:
+    """The worker a group goes to: not leaving; healthy and not yet tried by this group first,
+    then untried, then any; among those with fewer than `limit` outstanding groups, the one with
+    the fewest (ties: the least recently picked). None when all are full (or there are none)."""
+    present = [w for w in workers if not w.leaving]
+    candidates = [w for w in present if w.name not in avoid and w.healthy] or \
+                 [w for w in present if w.name not in avoid] or present
+    free = [w for w in candidates if w.in_flight < limit]
+    return min(free, key=lambda w: (w.in_flight, w.last_pick)) if free else None
 
 
 class Fleet:
     """Spawn or connect rollout workers, dispatch groups, broadcast weights."""
 
-    def __init__(self, config: FleetConfig, model_dir: pathlib.Path, run_dir: pathlib.Path, seed: int = 0):
+    def __init__(self, config: FleetConfig, model_dir: pathlib.Path, run_dir: pathlib.Path, seed: int = 0,
+                 resolver: Resolver = resolve_dns, devices: DeviceConfig = DeviceConfig()):
         self.config = config
+        self.devices = devices
+        self._resolver = resolver
+        self._dns = parse_dns_target(config.dns) if config.dns else None
+        self._picks = 0
+        self._stop = threading.Event()
+        self._discovery: threading.Thread | None = None
         self.model_dir = pathlib.Path(model_dir)
         self.run_dir = pathlib.Path(run_dir)
         self.seed = seed
@@ -118,6 +173,9 @@ class Fleet:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
+        if self._dns is not None:
+            self._start_discovered()
+            return
         if self.config.addresses:
             for i, address in enumerate(self.config.addresses):
                 self._workers.append(_Worker(f"remote-{i}", address, RolloutClient(address, security=self.config.security)))
@@ -140,7 +198,81 @@ class Fleet:
             logger.info("rollout worker %s at %s: engine=%s version=%d", worker.name, worker.address,
                         info.engine, info.version)
 
+    def _start_discovered(self) -> None:
+        """Resolve until at least one worker answers (bounded by start_timeout_s), then keep
+        re-resolving in the background."""
+        deadline = time.monotonic() + self.config.start_timeout_s
+        while True:
+            try:
+                self.refresh()
+            except OSError as error:
+                logger.warning("rollout DNS %s: %s", self.config.dns, error)
+            if self.size:
+                break
+            if time.monotonic() > deadline:
+                raise FleetError(f"no rollout worker answered at DNS name {self.config.dns} within "
+                                 f"{self.config.start_timeout_s}s")
+            time.sleep(min(1.0, self.config.dns_interval_s))
+        self._discovery = threading.Thread(target=self._discover_forever, name="fleet-dns", daemon=True)
+        self._discovery.start()
+
+    def _discover_forever(self) -> None:
+        while not self._stop.wait(self.config.dns_interval_s):
+            try:
+                self.refresh()
+            except OSError as error:  # a failed lookup keeps the fleet as it is
+                logger.warning("rollout DNS %s: %s (keeping %d workers)", self.config.dns, error, self.size)
+            except Exception:  # the loop must outlive one bad refresh; the next one retries
+                logger.exception("rollout DNS refresh failed")
+
+    def refresh(self) -> None:
+        """Resolve the DNS name once and let workers join or leave accordingly."""
+        assert self._dns is not None, "refresh() needs FleetConfig.dns"
+        self.set_addresses(self._resolver(*self._dns))
+
+    def set_addresses(self, addresses: Iterable[str]) -> None:
+        """Make the remote fleet exactly `addresses`: new ones join once they answer GetInfo;
+        missing ones leave (no new groups; let go when their outstanding groups end)."""
+        wanted = list(dict.fromkeys(addresses))
+        with self._lock:
+            known = {w.address: w for w in self._workers}
+            for worker in self._workers:
+                if worker.address not in wanted and not worker.leaving:
+                    logger.info("rollout worker %s leaves the fleet (%d groups outstanding)",
+                                worker.name, worker.in_flight)
+                    worker.leaving = True
+                elif worker.address in wanted and worker.leaving:
+                    logger.info("rollout worker %s is back", worker.name)
+                    worker.leaving = False
+            self._let_go_idle()
+            self._lock.notify_all()
+        for address in wanted:
+            if address not in known:
+                self._join(address)
+
+    def _join(self, address: str) -> None:
+        client = RolloutClient(address, security=self.config.security)
+        try:
+            info = client.info(deadline_s=min(self.config.call_deadline_s, 10.0))
+        except RolloutError as error:
+            client.close()
+            logger.warning("rollout worker at %s does not answer yet (%s); next refresh retries", address, error.code)
+            return
+        worker = _Worker(address, address, client, version=info.version)
+        with self._lock:
+            self._workers.append(worker)
+            self._lock.notify_all()
+        logger.info("rollout worker %s joins: engine=%s version=%d (%d in the fleet)", address, info.engine,
+                    info.version, self.size)
+
+    def _let_go_idle(self) -> None:
+        """Drop leaving workers with nothing outstanding (call with the lock held)."""
+        for worker in [w for w in self._workers if w.leaving and w.in_flight == 0]:
+            self._workers.remove(worker)
+            worker.client.close()
+
     def close(self) -> None:
+        self._stop.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
         for worker in self._workers:
             worker.client.close()
@@ -191,6 +323,13 @@ class Fleet:
         root = pathlib.Path(__file__).resolve().parent.parent
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH", "")]))
         env["ORRERY_CONTROLLER_PID"] = str(os.getpid())
+        if self.devices.rollout:
+            # The worker's engine sees only its own accelerators (JAX on GPU and SGLang read this).
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in self.devices.rollout[index])
+            if self.devices.colocate:
+                # Sharing devices with the learner: allocate on demand instead of JAX's default
+                # 75% up front, or the second process on a device runs out of memory at start.
+                env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
         command = [
             sys.executable, "-c", _DIE_WITH_PARENT,
             "--engine", self.config.engine,
@@ -252,7 +391,16 @@ class Fleet:
 
     @property
     def size(self) -> int:
-        return len(self._workers)
+        """Workers that take groups (those leaving are not counted)."""
+        return sum(1 for w in self._workers if not w.leaving)
+
+    def addresses(self) -> list[str]:
+        return [w.address for w in self._workers if not w.leaving]
+
+    def outstanding(self) -> dict[str, int]:
+        """Groups dispatched and not yet returned, per worker (the load balancer's view)."""
+        with self._lock:
+            return {w.name: w.in_flight for w in self._workers}
 
     def submit(self, request: GroupRequest) -> concurrent.futures.Future:
         """Roll out one group on the least-loaded worker; the future holds a GroupResult or None (dropped)."""
@@ -262,18 +410,25 @@ class Fleet:
         futures = [self.submit(r) for r in requests]
         return [f.result() for f in futures]
 
-    def _pick(self, avoid: set[str]) -> _Worker:
-        """The least-loaded worker with a free group slot (healthy and untried first); waits for one."""
+    def _pick(self, avoid: set[str]) -> _Worker | None:
+        """The least-loaded worker (see `least_loaded`); waits for a free one. None when the fleet
+        has had no worker at all for `rollout_deadline_s` (all left and none joined)."""
+        empty_since = None
         with self._lock:
             while True:
-                candidates = [w for w in self._workers if w.name not in avoid and w.healthy] or \
-                             [w for w in self._workers if w.name not in avoid] or self._workers
-                free = [w for w in candidates if w.in_flight < self.config.groups_per_worker]
-                if free:
-                    worker = min(free, key=lambda w: w.in_flight)
+                worker = least_loaded(self._workers, avoid, self.config.groups_per_worker)
+                if worker is not None:
                     worker.in_flight += 1
+                    self._picks += 1
+                    worker.last_pick = self._picks
                     return worker
-                self._lock.wait()
+                if self.size:
+                    empty_since = None
+                else:
+                    empty_since = empty_since or time.monotonic()
+                    if time.monotonic() - empty_since > self.config.rollout_deadline_s:
+                        return None
+                self._lock.wait(timeout=1.0)
 
     def _run_group(self, request: GroupRequest) -> GroupResult | None:
         errors: collections.Counter = collections.Counter()
@@ -281,6 +436,11 @@ class Fleet:
         for attempt in range(self.config.max_group_retries + 1):
             request = dataclasses.replace(request, attempt=attempt)
             worker = self._pick(tried)
+            if worker is None:
+                errors[InfraErrorClass.WORKER_LOST.value] += 1
+                logger.error("group %s: no rollout worker in the fleet for %.0fs", request.group_id,
+                             self.config.rollout_deadline_s)
+                break
             try:
                 self._bring_to_current(worker)
                 trajectories = list(worker.client.rollout_group(request, deadline_s=self.config.rollout_deadline_s))
@@ -293,12 +453,15 @@ class Fleet:
                 errors[InfraErrorClass.WORKER_LOST.value] += 1
                 tried.add(worker.name)
                 worker.healthy = False
+                if worker.process is None:
+                    worker.version = -1  # a remote worker may come back restarted: send weights again
                 logger.warning("group %s attempt %d failed on %s: %s", request.group_id, attempt, worker.name, error)
                 with self._lock:
                     self._revive_quietly(worker)
             finally:
                 with self._lock:
                     worker.in_flight -= 1
+                    self._let_go_idle()
                     self._lock.notify_all()
         logger.error("group %s dropped after %d attempts", request.group_id, self.config.max_group_retries + 1)
         return GroupResult(request, [], "", errors)
@@ -321,10 +484,12 @@ class Fleet:
     def update_weights(self, version: WeightVersion) -> float:
         """Send `version` to every worker; returns the slowest worker's load time in seconds."""
         self._version = version
+        with self._lock:
+            workers = [w for w in self._workers if not w.leaving]
         futures = [self._pool.submit(w.client.update_weights, version, self.config.call_deadline_s)
-                   for w in self._workers]
+                   for w in workers]
         slowest = 0.0
-        for worker, future in zip(self._workers, futures):
+        for worker, future in zip(workers, futures):
             try:
                 ack = future.result()
                 slowest = max(slowest, ack.load_s)
@@ -333,10 +498,13 @@ class Fleet:
                     raise RuntimeError(f"{worker.name} acknowledged version {ack.version}, expected {version.version}")
             except RolloutError as error:
                 worker.healthy = False
+                worker.version = -1  # brought to the current version before its next group
                 logger.warning("weight update to %s failed: %s", worker.name, error)
                 with self._lock:
                     self._revive_quietly(worker)
         return slowest
 
     def infos(self) -> list[WorkerInfo]:
-        return [w.client.info(deadline_s=self.config.call_deadline_s) for w in self._workers]
+        with self._lock:
+            workers = [w for w in self._workers if not w.leaving]
+        return [w.client.info(deadline_s=self.config.call_deadline_s) for w in workers]

@@ -30,6 +30,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--listen", metavar="ADDR", help="ControllerService address (default 127.0.0.1:0, loopback)")
     p.add_argument("--rollout-workers", type=int, metavar="N", help="local rollout worker processes to spawn")
     p.add_argument("--rollout-addresses", metavar="HOST:PORT,...", help="use running rollout workers instead")
+    p.add_argument("--rollout-dns", metavar="NAME:PORT",
+                   help="discover rollout workers as NAME's address records, re-resolved while the run goes on "
+                        "(e.g. a Kubernetes headless service)")
+    p.add_argument("--coordinator", metavar="HOST:PORT",
+                   help="multi-host learner: serve jax.distributed's coordinator here (this controller is process 0)")
+    p.add_argument("--num-processes", type=int, metavar="N",
+                   help="multi-host learner: JAX processes including this one (the others run python -m learner.host)")
     p.add_argument("--engine", choices=["jax", "sglang"], help="engine of spawned workers (default jax)")
     p.add_argument("--mode", choices=["sync", "async"], help="sync: rollout then train; async: overlap them")
     p.add_argument("--max-staleness", type=int, metavar="K",
@@ -67,12 +74,16 @@ def main(argv: list[str] | None = None) -> int:
             mesh=args.mesh, run_dir=args.run_dir, resume=resume, resume_step=resume_step, listen=args.listen,
             steps=args.steps, mode=args.mode, max_staleness=args.max_staleness,
             **{"fleet.workers": args.rollout_workers, "fleet.engine": args.engine,
-               "fleet.addresses": args.rollout_addresses.split(",") if args.rollout_addresses else None})
-        import jax
+               "fleet.addresses": args.rollout_addresses.split(",") if args.rollout_addresses else None,
+               "fleet.dns": args.rollout_dns, "distributed.coordinator": args.coordinator,
+               "distributed.num_processes": args.num_processes})
+        from learner.multihost import initialize
 
-        from learner.sharding import parse_mesh_spec
+        initialize(config.distributed)  # before JAX's first use: the device list becomes every host's
+        from learner.sharding import parse_mesh_spec, select_devices
 
-        parse_mesh_spec(config.mesh or None, num_devices=len(jax.devices()))  # a bad --mesh fails here, clearly
+        # a bad --mesh or device set fails here, clearly
+        parse_mesh_spec(config.mesh or None, num_devices=len(select_devices(config.devices.learner)))
     except (ValueError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -51,7 +51,8 @@ from controller.service import RunStatus, serve_controller
 from controller.tasks import TaskSource
 from controller.tracker import load_history, ConsoleTracker, JsonlTracker, MultiTracker, TensorBoardTracker
 from learner.learner import Learner
-from learner.sharding import make_mesh
+from learner.multihost import learner_type, stop_followers
+from learner.sharding import make_mesh, select_devices
 from model.hf_io import load_hf
 from model.tokenizer import Tokenizer
 from model.weights import WeightVersion, params_digest
@@ -113,7 +114,7 @@ class Pipeline:
         (run_dir / "config.yaml").write_text(yaml.safe_dump(config_lib.to_dict(config), sort_keys=False))
         env_spec = warmstart.default_env_spec(config.env)
         model_dir = warmstart.ensure_model(config.model, run_dir, env_spec)
-        mesh = make_mesh(config.mesh or None)
+        mesh = make_mesh(config.mesh or None, devices=select_devices(config.devices.learner))
         # The learner's logprobs must mean what the sampler's mean: the same temperature.
         config = dataclasses.replace(config, learner=dataclasses.replace(config.learner,
                                                                          temperature=config.data.temperature))
@@ -123,11 +124,11 @@ class Pipeline:
         restore_step = _resume_step(config, checkpoints)
         extra: dict[str, Any] = {}
         if restore_step is not None:
-            learner, extra = Learner.restore(checkpoints, mesh=mesh, step=restore_step, config=config.learner)
+            learner, extra = learner_type().restore(checkpoints, mesh=mesh, step=restore_step, config=config.learner)
             registry.load_state(extra["registry"])
             tasks.load_state(extra["tasks"], {s.name: s for s in registry.active_specs()})
             version = WeightVersion.from_dict(extra["weights"])
-            discarded = Learner.discard_after(checkpoints, restore_step)
+            discarded = learner_type().discard_after(checkpoints, restore_step)
             _cut_streams(run_dir, extra.get("streams"))
             logger.info("resumed at step %d (weights version %d) from %s%s", int(extra["step"]), version.version,
                         checkpoints, f"; discarded newer checkpoints {discarded}" if discarded else "")
@@ -136,7 +137,7 @@ class Pipeline:
             model_config, params = load_hf(model_dir)
             version = WeightVersion(version=0, step=0, location=str(model_dir), format="hf_safetensors",
                                     digest=params_digest(params), created_at=time.time())
-            learner = Learner(config.learner, model_config, params, mesh)
+            learner = learner_type()(config.learner, model_config, params, mesh)
             registry.submit(env_spec, step=0)
         start_step = int(extra.get("step", 0))
         status = RunStatus(total_steps=config.steps, mode=config.mode)
@@ -144,7 +145,7 @@ class Pipeline:
         logger.info("ControllerService listening on %s", f"{config.listen.rsplit(':', 1)[0]}:{port}")
         (run_dir / "controller.port").write_text(str(port))
 
-        fleet = Fleet(config.fleet, model_dir, run_dir, seed=config.seed)
+        fleet = Fleet(config.fleet, model_dir, run_dir, seed=config.seed, devices=config.devices)
         try:
             fleet.start()
         except BaseException:
@@ -178,6 +179,7 @@ class Pipeline:
         self.server.stop(grace=1.0)
         self.tracker.close()
         self.learner.close()
+        stop_followers()  # learner hosts of a multi-host learner leave with the controller
 
     # -- before RL ---------------------------------------------------------------------------
 
@@ -228,7 +230,7 @@ class Pipeline:
         spec = self.registry.active_specs()[0]
         warm = self.config.warm_start
         demos = warmstart.demonstrations(self.model_dir, spec, self.tasks.train_tasks(spec))
-        sft = Learner(dataclasses.replace(self.config.learner, loss="sft", learning_rate=warm.learning_rate,
+        sft = type(self.learner)(dataclasses.replace(self.config.learner, loss="sft", learning_rate=warm.learning_rate,
                                           schedule="constant", kl_coef=0.0, warmup_steps=20),
                       self.learner.model_config, self.learner.params, self.learner.mesh)
         t0 = time.perf_counter()
@@ -244,7 +246,7 @@ class Pipeline:
                 if success >= warm.target_success:
                     break
         self.learner.close()
-        self.learner = Learner(self.config.learner, sft.model_config, sft.params, sft.mesh)
+        self.learner = type(self.learner)(self.config.learner, sft.model_config, sft.params, sft.mesh)
         sft.close()
 
     # -- per step ----------------------------------------------------------------------------
@@ -460,7 +462,7 @@ def _resume_step(config: RunConfig, checkpoints: pathlib.Path) -> int | None:
     """The checkpoint step to resume from, or None to start fresh (no resume asked, or none saved yet)."""
     if not config.resume:
         return None
-    steps = Learner.checkpoint_steps(checkpoints)
+    steps = learner_type().checkpoint_steps(checkpoints)
     if config.resume_step == -1:
         if not steps:
             logger.info("--resume: no checkpoint in %s yet; starting fresh", checkpoints)

@@ -202,10 +202,22 @@ class LeaderLearner(Learner):
         finally:
             cls._restoring = None
 
+    # Orbax's CheckpointManager meets the other processes at barriers even to list steps, so
+    # every process opens it for these too.
     @staticmethod
     def latest_step(ckpt_dir: str | Path) -> int | None:
         _channel.send("latest_step", {"dir": str(Path(ckpt_dir).absolute())})
         return Learner.latest_step(ckpt_dir)
+
+    @staticmethod
+    def checkpoint_steps(ckpt_dir: str | Path) -> list[int]:
+        _channel.send("checkpoint_steps", {"dir": str(Path(ckpt_dir).absolute())})
+        return Learner.checkpoint_steps(ckpt_dir)
+
+    @staticmethod
+    def discard_after(ckpt_dir: str | Path, step: int) -> list[int]:
+        _channel.send("discard_after", {"dir": str(Path(ckpt_dir).absolute()), "step": step})
+        return Learner.discard_after(ckpt_dir, step)
 
     def _batch_call(self, op: str, batch: Batch, **meta: Any) -> None:
         _channel.send(op, {"id": self._remote_id, **meta}, batch.arrays())
@@ -297,6 +309,10 @@ def _handle(op: str, meta: dict[str, Any], arrays: dict[str, np.ndarray],
                                                   step=meta["step"], config=config)
     elif op == "latest_step":
         Learner.latest_step(meta["dir"])
+    elif op == "checkpoint_steps":
+        Learner.checkpoint_steps(meta["dir"])
+    elif op == "discard_after":
+        Learner.discard_after(meta["dir"], meta["step"])
     elif op == "train":
         learners[meta["id"]].train_step(Batch(**arrays))
     elif op == "sft":

@@ -141,6 +141,22 @@ def make_mesh(spec: str | dict[str, int] | None = None,
                          devices=list(devices))
 
 
+def select_devices(local_indices: Sequence[int] = ()) -> list[jax.Device]:
+    """The devices a learner mesh is built on: on every process, its local devices at
+    `local_indices` (empty = all of them). Errors name the indices and what there is."""
+    if not local_indices:
+        return list(jax.devices())
+    chosen = []
+    for process in range(jax.process_count()):
+        local = sorted((d for d in jax.devices() if d.process_index == process), key=lambda d: d.id)
+        bad = [i for i in local_indices if not 0 <= i < len(local)]
+        if bad:
+            raise ValueError(f"devices.learner {list(local_indices)}: indices {bad} are out of range; "
+                             f"process {process} has {len(local)} local devices (0..{len(local) - 1})")
+        chosen.extend(local[i] for i in local_indices)
+    return chosen
+
+
 def data_parallel_size(mesh: Mesh) -> int:
     """How many ways the batch dimension is split (rows must divide by this)."""
     return math.prod(mesh.shape[axis] for axis in BATCH_AXES)
