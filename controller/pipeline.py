@@ -303,7 +303,7 @@ class Pipeline:
             scored, errors = stats.split_infra(sorted(result.trajectories, key=_sample_order))
             for name, count in errors.items():
                 infra[name] = infra.get(name, 0) + count
-            if not result.trajectories:
+            if not scored:  # lost to infra errors whole (no attempt finished, or every sample failed)
                 infra["group_dropped"] = infra.get("group_dropped", 0) + 1
             groups.append(scored)
             if scored:

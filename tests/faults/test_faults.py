@@ -209,3 +209,35 @@ def test_corrupt_snapshot_is_rejected_and_the_worker_keeps_serving_the_old_versi
     finally:
         process.kill()
         process.wait()
+
+
+@pytest.mark.slow
+def test_soak_faults_struck_throughout_a_longer_run(tmp_path, tiny_model):
+    """Workers killed and frozen, the controller killed and resumed, gRPC faults, all at seeded
+    random moments until the run ends; then the same invariants (sync mode)."""
+    steps = int(os.environ.get("ORRERY_SOAK_STEPS", "20"))
+    rng = random.Random(f"soak/{SEED}")
+    faults = {"seed": SEED, "rollout_error_rate": 0.1, "latency_rate": 0.1, "latency_s": 2.0,
+              "update_error_every": 7, "log": str(tmp_path / "injected.jsonl")}
+    env = {"PYTHONPATH": f"{ROOT}{os.pathsep}{INJECT}", "ORRERY_FAULTS": json.dumps(faults)}
+    args = ["--steps", str(steps), "--set", "eval.every=5", *DEADLINES]
+    run = Run.start(tmp_path / "run", tiny_model, *args, extra_env=env)
+    seen, struck = set(), []
+    while True:
+        watcher = Watcher(run)
+        deadline = time.monotonic() + rng.uniform(5.0, 40.0)
+        while run.process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        seen |= watcher.stop()
+        if run.process.poll() is not None:
+            break
+        action, workers = rng.choice(["kill worker", "freeze worker", "kill controller"]), watcher.workers()
+        struck.append(action)
+        if action == "kill controller":
+            seen |= run.sigkill()
+            run = Run.start(run.run_dir, None, *args, "--resume", extra_env=env)
+        elif workers:
+            os.kill(rng.choice(workers), signal.SIGKILL if action == "kill worker" else signal.SIGSTOP)
+    assert run.process.returncode == 0, (struck, run.output()[-4000:])
+    assert not left_behind(seen), f"processes left behind after {struck}"
+    check_invariants(run.run_dir, steps, sync=True)
