@@ -239,10 +239,11 @@ class LeaderLearner(Learner):
         _channel.send("gather", {"id": self._remote_id})
         return super().params
 
-    def save(self, ckpt_dir: str | Path, extra: dict[str, Any] | None = None) -> int:
+    def save(self, ckpt_dir: str | Path, extra: dict[str, Any] | None = None, *,
+             step: int | None = None) -> int:
         _channel.send("save", {"id": self._remote_id, "dir": str(Path(ckpt_dir).absolute()),
-                               "extra": extra or {}})
-        return super().save(ckpt_dir, extra)
+                               "extra": extra or {}, "step": step})
+        return super().save(ckpt_dir, extra, step=step)
 
     def wait(self) -> None:
         _channel.send("wait", {"id": self._remote_id})
@@ -322,7 +323,7 @@ def _handle(op: str, meta: dict[str, Any], arrays: dict[str, np.ndarray],
     elif op == "gather":
         learners[meta["id"]].params  # noqa: B018 - the gather is a collective; the leader keeps the result
     elif op == "save":
-        learners[meta["id"]].save(meta["dir"], meta["extra"])
+        learners[meta["id"]].save(meta["dir"], meta["extra"], step=meta["step"])
     elif op == "wait":
         learners[meta["id"]].wait()
     elif op == "close":

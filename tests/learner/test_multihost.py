@@ -102,6 +102,25 @@ def test_two_processes_match_one_process(tmp_path):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
+def test_leader_overrides_keep_the_learners_signatures():
+    """LeaderLearner announces each call with its arguments: an argument added to Learner must be
+    added (and forwarded) there too, or the hosts would replay a different call."""
+    import inspect
+
+    from learner.multihost import LeaderLearner
+
+    overridden = [name for name, value in vars(LeaderLearner).items()
+                  if not name.startswith("_") and callable(getattr(Learner, name, None))]
+    assert {"train_step", "sft_step", "compute_logprobs", "save", "restore", "close"} <= set(overridden)
+    for name in overridden:
+        assert inspect.signature(getattr(LeaderLearner, name)) == inspect.signature(getattr(Learner, name)), name
+    public = {name for name, value in vars(Learner).items() if not name.startswith("_")
+              and (callable(value) or isinstance(value, (staticmethod, classmethod)))}
+    # Every Learner method that touches devices or checkpoints is announced. `publish` needs no
+    # announcement of its own: it gathers through the announced `params`, then only process 0 writes.
+    assert public - set(vars(LeaderLearner)) == {"publish"}, public - set(vars(LeaderLearner))
+
+
 @pytest.mark.parametrize("fields, message", [
     (dict(num_processes=0), "num_processes must be an int >= 1, got 0"),
     (dict(num_processes=2, process_id=2, coordinator="h:1"), "process_id must be in [0, 2), got 2"),
