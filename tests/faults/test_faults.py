@@ -1,6 +1,7 @@
 """Fault injection with real processes: rollout workers SIGKILLed and SIGSTOPped at seeded random
 moments, gRPC errors and latency injected into the workers' servers (tests/faults/inject), a
-controller SIGKILLed while its remote workers live on, and a corrupt weight snapshot.
+remote env server SIGKILLed, restarted and SIGSTOPped mid-run, a controller SIGKILLed while its
+remote workers live on, and a corrupt weight snapshot.
 
 The invariants checked after each run:
 - the run finishes (exit 0, every step trained, one metrics line per step);
@@ -15,7 +16,7 @@ The invariants checked after each run:
 ORRERY_FAULT_SEED changes the seed (default 0). The soak variant (`-m slow`, or
 ORRERY_SOAK_STEPS=N to size it) runs longer with faults struck throughout.
 
-Run: `.venv/bin/python -m pytest tests/faults/test_faults.py -q` (about 3-4 minutes on 2 cores).
+Run: `.venv/bin/python -m pytest tests/faults/test_faults.py -q` (about 5 minutes on 2 cores).
 """
 
 import json
@@ -241,3 +242,70 @@ def test_soak_faults_struck_throughout_a_longer_run(tmp_path, tiny_model):
     assert run.process.returncode == 0, (struck, run.output()[-4000:])
     assert not left_behind(seen), f"processes left behind after {struck}"
     check_invariants(run.run_dir, steps, sync=True)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_env_server(tmp_path: pathlib.Path, port: int) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    process = subprocess.Popen([sys.executable, "-m", "sandbox.remote_example", "--listen", f"127.0.0.1:{port}"],
+                               cwd=ROOT, env=env, stdout=open(tmp_path / "env_server.log", "a"),
+                               stderr=subprocess.STDOUT)
+    from sandbox.api import EnvSpec
+    from sandbox.client import list_remote_tasks
+
+    deadline = time.monotonic() + 120
+    while True:  # serving once it lists its tasks
+        try:
+            list_remote_tasks(EnvSpec(name="probe", kind="remote", remote_address=f"127.0.0.1:{port}"))
+            return process
+        except Exception:  # noqa: BLE001 - not up yet
+            assert process.poll() is None and time.monotonic() < deadline, "env server did not come up"
+            time.sleep(0.3)
+
+
+def test_env_server_killed_then_frozen_mid_run_is_counted_never_rewarded(tmp_path, tiny_model):
+    steps = 6
+    rng = random.Random(f"env/{SEED}")
+    port = _free_port()
+    server = _start_env_server(tmp_path, port)
+    spec = tmp_path / "vowels.yaml"
+    spec.write_text(f"name: vowels\nkind: remote\nremote_address: 127.0.0.1:{port}\n"
+                    "args: {num_tasks: 64, eval_fraction: 0.125}\n"
+                    "budgets: {max_turns: 3, max_new_tokens_per_turn: 24, max_total_tokens: 256}\n")
+    run = Run.start(tmp_path / "run", tiny_model, "--steps", str(steps), "--set", "eval.every=0")
+    watcher = Watcher(run)
+    try:
+        run.wait_for(lambda: (run.run_dir / "controller.port").exists(), "controller port")
+        submitted = subprocess.run(
+            [sys.executable, "-m", "controller.client", "--addr",
+             f"127.0.0.1:{(run.run_dir / 'controller.port').read_text().strip()}", "submit", str(spec)],
+            cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=120)
+        assert submitted.returncode == 0, submitted.stderr
+        run.wait_for(lambda: any(row["env"] == "vowels" for row in trained(run.run_dir)), "a trained vowels group")
+        time.sleep(rng.uniform(0.0, 1.5))
+        server.kill()
+        server.wait()
+        killed_at = len(training_lines(run.run_dir))
+        run.wait_for(lambda: len(training_lines(run.run_dir)) >= killed_at + 1, "a step without the env server")
+        server = _start_env_server(tmp_path, port)
+        frozen_at = len(training_lines(run.run_dir))
+        time.sleep(rng.uniform(0.0, 1.5))
+        os.kill(server.pid, signal.SIGSTOP)
+        run.wait_for(lambda: len(training_lines(run.run_dir)) >= frozen_at + 1, "a step with the env server frozen")
+        os.kill(server.pid, signal.SIGCONT)
+        run.finish()
+    finally:
+        server.kill()
+        server.wait()
+    assert not left_behind(watcher.stop()), "processes left behind"
+    check_invariants(run.run_dir, steps, sync=True)
+    assert sum_metric(run.run_dir, "infra/errors/env_unreachable") > 0, "the dead env server was never counted"
+    vowels_steps = sorted({row["step"] for row in trained(run.run_dir) if row["env"] == "vowels"})
+    assert vowels_steps and vowels_steps[-1] >= frozen_at, "the env was not trained on again after it recovered"
