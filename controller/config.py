@@ -190,6 +190,11 @@ class EnvConfig:
     """Tokens the policy may sample in one turn."""
     max_total_tokens: int = 256
     """Prompt plus all turns; also bounds the learner's sequence length (and so its compiled shapes)."""
+    process_reward: float = 0.0
+    """Weight of the env's process component (calc: how much of the task's expression the calculator
+    call reproduces) in the training reward; the outcome weighs 1.0 and the answer-tool format 0.1.
+    Off by default: on the demo, 0.3 made every group informative (more learner work per step) and
+    held-out success rose no faster than with the outcome alone."""
     tool_delay_s: float = 0.0
     """Simulated latency of each calculator call in seconds (calc env arg; 0 = none, for benchmarks)."""
     slow_fraction: float = 0.0

@@ -48,7 +48,7 @@ def default_env_spec(env: EnvConfig) -> sandbox_api.EnvSpec:
               **{k: getattr(env, k) for k in ("tool_delay_s", "slow_fraction", "slow_factor") if getattr(env, k)}},
         budgets=sandbox_api.Budgets(max_turns=env.max_turns, max_new_tokens_per_turn=env.max_new_tokens_per_turn,
                                     max_total_tokens=env.max_total_tokens),
-        reward=sandbox_api.RewardWeights(outcome=1.0, format=0.1),
+        reward=sandbox_api.RewardWeights(outcome=1.0, process=env.process_reward, format=0.1),
         eval_fraction=env.eval_fraction,
     )
 
