@@ -118,7 +118,8 @@ def measure(n: int, worker_addresses: list[str], specs: list, tasks: dict, model
             lost = sum(sum(r.infra_errors.values()) for r in results if r is not None)
             if step == 0:
                 continue  # warm-up: connections, first imports, first protobuf classes
-            rows.append({"wall": wall, "cpu": cpu, "trajectories": trajectories, "lost": lost,
+            tokens = sum(len(t.prompt_ids) + sum(len(turn.token_ids) for turn in t.turns) for g in groups for t in g)
+            rows.append({"wall": wall, "cpu": cpu, "trajectories": trajectories, "lost": lost, "tokens": tokens,
                          "rows": sum(p.batch.num_rows for p in plans)})
     finally:
         fleet.close()
@@ -127,6 +128,7 @@ def measure(n: int, worker_addresses: list[str], specs: list, tasks: dict, model
         "workers": n,
         "groups_per_step": n * args.per_worker,
         "trajectories_per_step": trajectories / len(rows),
+        "tokens_per_trajectory": sum(r["tokens"] for r in rows) / max(trajectories, 1),
         "step_wall_s": statistics.median(r["wall"] for r in rows),
         "step_cpu_s": statistics.median(r["cpu"] for r in rows),
         "cpu_ms_per_trajectory": 1000 * sum(r["cpu"] for r in rows) / max(trajectories, 1),
@@ -161,7 +163,8 @@ def main(argv=None) -> None:
     try:
         worker_processes, worker_addresses = start_workers(args.max_workers, model, work, args.per_worker)
         specs = [EnvSpec(name=f"vowels-{j}", kind="remote", remote_address=address,
-                         budgets=Budgets(max_turns=2, max_new_tokens_per_turn=args.tokens))
+                         budgets=Budgets(max_turns=2, max_new_tokens_per_turn=args.tokens,
+                                         max_total_tokens=args.tokens + 256))
                  for j, address in enumerate(env_addresses)]
         tasks = {spec.name: default_task_lister(spec) for spec in specs}
         sizes = [1]
@@ -183,7 +186,8 @@ def main(argv=None) -> None:
 
     base = results[0]
     print(f"\nM={args.env_servers} env servers, {args.per_worker} groups x {args.group_size} per worker per step, "
-          f"{args.steps} measured steps; ratios against N=1 in this run")
+          f"{base['tokens_per_trajectory']:.0f} tokens per trajectory, {args.steps} measured steps; "
+          f"ratios against N=1 in this run")
     print(f"{'N':>4} {'traj/step':>10} {'wall/step':>10} {'CPU/step':>10} {'CPU ms/traj':>12} "
           f"{'x N=1':>7} {'CPU share':>10} {'traj/s':>8} {'x N=1':>7}")
     for r in results:

@@ -165,7 +165,9 @@ class Fleet:
         self._lock = threading.Condition()
         self._version: WeightVersion | None = None
         self._spawned_security = ClientSecurity()  # set by _write_worker_token before the first spawn
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="group")
+        # One thread per outstanding group (threads start on demand): this caps the groups in flight across
+        # the whole fleet; beyond it they wait here (docs/operations.md: how far one controller goes).
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1024, thread_name_prefix="group")
         # Workers get their parent-death signal when the thread that spawned them exits, so one
         # thread that lives as long as the fleet spawns them all (the first ones and restarts).
         self._spawner = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="spawner")
