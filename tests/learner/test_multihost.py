@@ -5,7 +5,8 @@ Proves: with the controller's side as process 0 (`LeaderLearner`) and one learne
 collectives), the 8-device mesh spans both processes, and the scenario in
 multihost_scenario.py (two RL steps, logprobs, publish, Orbax checkpoint, restore onto
 another mesh shape, one more step) gives the same losses, logprobs, published weights and
-final parameters as one process with 8 devices. Also: bad `DistributedConfig` values and
+final parameters as one process with 8 devices. Also: the learner takes a chosen subset of
+each process's devices; bad `DistributedConfig` values and
 `learner.host` flags are one-line errors, and a host whose leader never comes ends in
 bounded time.
 
@@ -147,3 +148,16 @@ def test_host_without_leader_gives_up_in_bounded_time():
          "--num-processes", "2", "--process-id", "1", "--local-cpu-devices", "2", "--timeout-s", "5"],
         cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=180)
     assert result.returncode != 0
+
+
+@need_devices(8)
+def test_learner_devices_are_a_subset_of_each_process():
+    from learner.sharding import make_mesh, select_devices
+
+    assert select_devices(()) == jax.devices()
+    chosen = select_devices([1, 3])
+    assert chosen == [jax.devices()[1], jax.devices()[3]]
+    assert sorted(d.id for d in make_mesh("fsdp=2", devices=chosen).devices.flat) == [chosen[0].id, chosen[1].id]
+    with pytest.raises(ValueError, match=r"devices.learner \[0, 9\]: indices \[9\] are out of range; "
+                                         r"process 0 has 8 local devices \(0..7\)"):
+        select_devices([0, 9])
