@@ -11,6 +11,11 @@ decoupled objective).
 
 Workers switch weights between requests (drain) unless configured to interrupt, so one turn
 may still carry two versions; the per-token check handles both.
+
+On resume the groups that were in flight or finished-but-unread at the checkpoint are handed
+out again first (`Pipeline.next_group_requests`), so none is lost and none is trained twice.
+A group that cannot be handed out (its env's task list is unreachable) leaves a gap the loop
+fills on its next pass, so the fleet never runs dry waiting for it.
 """
 
 from __future__ import annotations
@@ -37,23 +42,33 @@ def admit(group: list[Trajectory], version: int, max_staleness: int) -> tuple[li
 def run(config: RunConfig) -> dict[str, float]:
     pipe = Pipeline.build(config)
     finished: queue.Queue[concurrent.futures.Future] = queue.Queue()
+    in_flight = 0
 
-    def submit(n: int) -> None:
-        for request in pipe.next_group_requests(n):
+    def top_up() -> None:
+        """Keep `groups_per_step` groups in flight while the step fills and trains."""
+        nonlocal in_flight
+        for request in pipe.next_group_requests(config.data.groups_per_step - in_flight):
+            in_flight += 1
             pipe.fleet.submit(request).add_done_callback(finished.put)
 
     try:
         pipe.prepare()
-        submit(config.data.groups_per_step)
+        top_up()
         for step in range(pipe.step, config.steps):
             started = time.perf_counter()
 
             groups, infra, dropped, partial, waited = [], {}, 0, 0, 0.0
             while len(groups) < config.data.groups_per_step:
                 t0 = time.perf_counter()
-                future = finished.get()
-                waited += time.perf_counter() - t0
-                submit(1)  # keep the fleet busy while this step fills and trains
+                try:
+                    future = finished.get(timeout=1.0)
+                except queue.Empty:
+                    top_up()  # a group could not be handed out before: try again
+                    continue
+                finally:
+                    waited += time.perf_counter() - t0
+                in_flight -= 1
+                top_up()
                 scored, errors = pipe.collect([future.result()])
                 for name, count in errors.items():
                     infra[name] = infra.get(name, 0) + count

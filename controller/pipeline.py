@@ -100,6 +100,9 @@ class Pipeline:
     """Groups handed out and not yet collected (in flight or finished but unread), by group id."""
     reissue: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     """After a resume: the checkpoint's pending groups, handed out again (same ids) before new ones."""
+    issue_errors: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Infra errors of groups that could not even be handed out (an env's task list unreachable);
+    the next training `collect` reports them with its own."""
     history: list[dict[str, float]] = dataclasses.field(default_factory=list)
     evals: dict[str, list[tuple[int, float]]] = dataclasses.field(default_factory=dict)
     staleness: dict[int, int] = dataclasses.field(default_factory=dict)
@@ -259,26 +262,40 @@ class Pipeline:
         rng = np.random.default_rng([self.config.seed, self.groups_issued])
         for spec in self.registry.sample(rng, max(0, n - len(requests))):
             index, self.groups_issued = self.groups_issued, self.groups_issued + 1
+            seed = int(rng.integers(1 << 31))
+            try:
+                task = self.tasks.next_task(spec)
+            except sandbox_api.EnvInfraError as error:  # its remote server cannot list tasks: no group this time
+                logger.warning("group %d of env %r not handed out: %s", index, spec.name, error)
+                for name in (error.error_class.value, "group_dropped"):
+                    self.issue_errors[name] = self.issue_errors.get(name, 0) + 1
+                continue
             requests.append(GroupRequest(
-                group_id=f"s{self.step}-g{index}", env=spec, task=self.tasks.next_task(spec),
-                group_size=data.group_size, sampling=self._sampling(spec, int(rng.integers(1 << 31)))))
+                group_id=f"s{self.step}-g{index}", env=spec, task=task,
+                group_size=data.group_size, sampling=self._sampling(spec, seed)))
         for request in requests:
             self.pending[request.group_id] = request
         return requests
 
     def _reissued(self) -> list[GroupRequest]:
         specs = {spec.name: spec for spec in self.registry.active_specs()}
-        requests = []
+        requests, later = [], []
         for item in self.reissue:
             spec = specs.get(item["env"])
             if spec is None:  # removed or paused since: its group is not owed any more
                 logger.warning("group %s of env %r is not re-issued: the env is not active", item["group_id"],
                                item["env"])
                 continue
+            try:
+                task = self.tasks.find(spec, item["task_id"])
+            except sandbox_api.EnvInfraError as error:  # its server is down: still owed, tried again next time
+                logger.warning("group %s not re-issued yet: %s", item["group_id"], error)
+                later.append(item)
+                continue
             requests.append(GroupRequest(
-                group_id=item["group_id"], env=spec, task=self.tasks.find(spec, item["task_id"]),
+                group_id=item["group_id"], env=spec, task=task,
                 group_size=int(item["group_size"]), sampling=self._sampling(spec, int(item["seed"]))))
-        self.reissue = []
+        self.reissue = later
         return requests
 
     def _sampling(self, spec: sandbox_api.EnvSpec, seed: int) -> SamplingParams:
@@ -290,9 +307,13 @@ class Pipeline:
             max_new_tokens=spec.budgets.max_new_tokens_per_turn,
             seed=seed)
 
-    def collect(self, results: list[GroupResult | None]) -> tuple[list[list[Trajectory]], dict[str, int]]:
-        """Scored trajectories per group, and infra errors by class (never rewards)."""
+    def collect(self, results: list[GroupResult | None], training: bool = True
+                ) -> tuple[list[list[Trajectory]], dict[str, int]]:
+        """Scored trajectories per group, and infra errors by class (never rewards); a training
+        collect also reports the groups that could not be handed out since the last one."""
         groups, infra = [], {}
+        if training:
+            infra, self.issue_errors = self.issue_errors, {}
         for result in results:
             if result is None:
                 continue
@@ -381,13 +402,17 @@ class Pipeline:
 
     def _evaluate_env(self, spec: sandbox_api.EnvSpec, tag: str) -> dict[str, float]:
         """Greedy rollouts of the first `eval.num_tasks` eval tasks on the current weights."""
-        tasks = self.tasks.eval_tasks(spec, self.config.eval.num_tasks)
+        try:
+            tasks = self.tasks.eval_tasks(spec, self.config.eval.num_tasks)
+        except sandbox_api.EnvInfraError as error:  # its remote server cannot list tasks: no measurement
+            logger.warning("eval %s on %s skipped: %s", tag, spec.name, error)
+            return {}
         if not tasks:
             return {}
         sampling = SamplingParams(temperature=0.0, max_new_tokens=spec.budgets.max_new_tokens_per_turn)
         requests = [GroupRequest(group_id=f"eval-{tag}-{i}", env=spec, task=task, group_size=1, sampling=sampling)
                     for i, task in enumerate(tasks)]
-        groups, infra = self.collect(self.fleet.rollout(requests))
+        groups, infra = self.collect(self.fleet.rollout(requests), training=False)
         scored = [t for g in groups for t in g]
         if not scored:  # every eval episode was lost to infra errors: no measurement, not a 0
             logger.warning("eval %s on %s: no episode finished (infra errors %s)", tag, spec.name, infra)
@@ -415,7 +440,8 @@ class Pipeline:
             "weights": self.version.to_dict(),
             "groups_issued": self.groups_issued,
             "pending": [{"group_id": r.group_id, "env": r.env.name, "task_id": r.task.task_id,
-                         "group_size": r.group_size, "seed": r.sampling.seed} for r in self.pending.values()],
+                         "group_size": r.group_size, "seed": r.sampling.seed} for r in self.pending.values()]
+                       + self.reissue,  # owed from an earlier resume, not handed out yet
             "streams": {name: _length(self.run_dir / name) for name in STREAMS},
             "history": self.history,
             "evals": {name: [[s, v] for s, v in curve] for name, curve in self.evals.items()},

@@ -16,7 +16,7 @@ import hashlib
 import random
 from typing import Any, Callable
 
-from sandbox.api import EnvSpec, Task
+from sandbox.api import EnvInfraError, EnvSpec, Task
 
 
 def default_task_lister(spec: EnvSpec) -> list[Task]:
@@ -46,6 +46,7 @@ class TaskSource:
         self._lister = lister
         self._envs: dict[str, _EnvTasks] = {}
         self._specs: dict[str, EnvSpec] = {}
+        self._saved: dict[str, dict[str, Any]] = {}  # positions of envs whose tasks could not be listed yet
         self.handed_out = 0
 
     def _tasks(self, spec: EnvSpec) -> _EnvTasks:
@@ -57,6 +58,8 @@ class TaskSource:
                 raise ValueError(f"env {spec.name!r}: has no train-split tasks (got {len(tasks)} tasks)")
             known = _EnvTasks(train, [t for t in tasks if t.split == "eval"], [])
             known.order = self._shuffled(spec.name, len(train), 0)
+            if spec.name in self._saved:
+                self._restore(spec.name, known, self._saved.pop(spec.name))
             self._envs[spec.name], self._specs[spec.name] = known, spec
         return known
 
@@ -93,21 +96,30 @@ class TaskSource:
     def state(self) -> dict[str, Any]:
         return {
             "handed_out": self.handed_out,
-            "envs": {name: {"cursor": e.cursor, "epoch": e.epoch,
-                            "consumed": [e.train[i].task_id for i in e.order[:e.cursor]]}
-                     for name, e in self._envs.items()},
+            "envs": {**self._saved,
+                     **{name: {"cursor": e.cursor, "epoch": e.epoch,
+                               "consumed": [e.train[i].task_id for i in e.order[:e.cursor]]}
+                        for name, e in self._envs.items()}},
         }
 
     def load_state(self, state: dict[str, Any], specs: dict[str, EnvSpec]) -> None:
+        """Continue from `state()`. An env whose tasks cannot be listed now (its server is down)
+        keeps its saved position until they can."""
         self.handed_out = int(state.get("handed_out", 0))
         for name, position in state.get("envs", {}).items():
             if name not in specs:
                 continue
-            env = self._tasks(specs[name])
-            env.epoch, env.cursor = int(position["epoch"]), int(position["cursor"])
-            env.order = self._shuffled(name, len(env.train), env.epoch)
-            consumed = position.get("consumed")
-            if consumed is not None and consumed != [env.train[i].task_id for i in env.order[:env.cursor]]:
-                raise ValueError(f"task state of env {name!r}: the {env.cursor} consumed task ids must be the "
-                                 f"first of the seeded order of its current tasks; the env's tasks changed "
-                                 f"since the checkpoint")
+            self._saved[name] = dict(position)
+            try:
+                self._tasks(specs[name])
+            except EnvInfraError:
+                pass  # listed (and restored) on first use
+
+    def _restore(self, name: str, env: _EnvTasks, position: dict[str, Any]) -> None:
+        env.epoch, env.cursor = int(position["epoch"]), int(position["cursor"])
+        env.order = self._shuffled(name, len(env.train), env.epoch)
+        consumed = position.get("consumed")
+        if consumed is not None and consumed != [env.train[i].task_id for i in env.order[:env.cursor]]:
+            raise ValueError(f"task state of env {name!r}: the {env.cursor} consumed task ids must be the "
+                             f"first of the seeded order of its current tasks; the env's tasks changed "
+                             f"since the checkpoint")
