@@ -157,6 +157,7 @@ class Fleet:
         self._dns = parse_dns_target(config.dns) if config.dns else None
         self._picks = 0
         self._stop = threading.Event()
+        self._membership = threading.Lock()
         self._discovery: threading.Thread | None = None
         self.model_dir = pathlib.Path(model_dir)
         self.run_dir = pathlib.Path(run_dir)
@@ -235,6 +236,10 @@ class Fleet:
     def set_addresses(self, addresses: Iterable[str]) -> None:
         """Make the remote fleet exactly `addresses`: new ones join once they answer GetInfo;
         missing ones leave (no new groups; let go when their outstanding groups end)."""
+        with self._membership:  # one change at a time (the DNS thread and a caller may race)
+            self._set_addresses(list(addresses))
+
+    def _set_addresses(self, addresses: list[str]) -> None:
         wanted = list(dict.fromkeys(addresses))
         with self._lock:
             known = {w.address: w for w in self._workers}
@@ -248,9 +253,10 @@ class Fleet:
                     worker.leaving = False
             self._let_go_idle()
             self._lock.notify_all()
-        for address in wanted:
-            if address not in known:
-                self._join(address)
+        joining = [address for address in wanted if address not in known]
+        if joining:  # each new address answers (or not) within its own deadline, side by side
+            with concurrent.futures.ThreadPoolExecutor(max_workers=min(16, len(joining))) as pool:
+                list(pool.map(self._join, joining))
 
     def _join(self, address: str) -> None:
         client = RolloutClient(address, security=self.config.security)
@@ -262,6 +268,9 @@ class Fleet:
             return
         worker = _Worker(address, address, client, version=info.version)
         with self._lock:
+            if self._stop.is_set():  # the fleet closed while this one was answering
+                client.close()
+                return
             self._workers.append(worker)
             self._lock.notify_all()
         logger.info("rollout worker %s joins: engine=%s version=%d (%d in the fleet)", address, info.engine,
@@ -274,7 +283,8 @@ class Fleet:
             worker.client.close()
 
     def close(self) -> None:
-        self._stop.set()
+        with self._lock:
+            self._stop.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
         for worker in self._workers:
             worker.client.close()
