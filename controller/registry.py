@@ -81,13 +81,19 @@ class EnvRegistry:
 
     `known_kinds` is passed to `validate_env_spec` (None: the built-in kinds of `sandbox.envs`,
     imported when the first spec is validated). `limits` caps what one client may submit; the
-    gRPC service also uses it to size its message limit.
+    gRPC service also uses it to size its message limit. `training_temperature`, when given,
+    is the one temperature the learner scores samples at: a spec may leave
+    `sampling.temperature` unset or set it to that value, nothing else (its samples' importance
+    ratios and gradients would otherwise be computed for a distribution they were not drawn
+    from).
     """
 
     def __init__(self, known_kinds: Iterable[str] | None = None,
-                 limits: validation.SpecLimits = validation.SpecLimits()):
+                 limits: validation.SpecLimits = validation.SpecLimits(),
+                 training_temperature: float | None = None):
         self.known_kinds = None if known_kinds is None else tuple(known_kinds)
         self.limits = limits
+        self.training_temperature = training_temperature
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}  # insertion order = submission order
 
@@ -100,6 +106,7 @@ class EnvRegistry:
         keeps its place in the sampling order and starts its counters again (it is a new env).
         """
         validation.validate_env_spec(spec, known_kinds=self.known_kinds, limits=self.limits)
+        self._check_temperature(spec)
         with self._lock:
             if spec.name in self._entries and not replace:
                 raise DuplicateEnvError(
@@ -195,9 +202,10 @@ class EnvRegistry:
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any], known_kinds: Iterable[str] | None = None,
-                   limits: validation.SpecLimits = validation.SpecLimits()) -> "EnvRegistry":
+                   limits: validation.SpecLimits = validation.SpecLimits(),
+                   training_temperature: float | None = None) -> "EnvRegistry":
         """A registry equal to the one `state` was taken from. Specs are validated again."""
-        registry = cls(known_kinds=known_kinds, limits=limits)
+        registry = cls(known_kinds=known_kinds, limits=limits, training_temperature=training_temperature)
         registry.load_state(state)
         return registry
 
@@ -209,6 +217,7 @@ class EnvRegistry:
         for item in state["envs"]:
             spec = wire.env_spec_from_json(item["spec"])
             validation.validate_env_spec(spec, known_kinds=self.known_kinds, limits=self.limits)
+            self._check_temperature(spec)
             entries[spec.name] = _Entry(
                 spec=spec, state=EnvState(item["state"]), submitted_step=int(item["submitted_step"]),
                 groups_sampled=int(item["groups_sampled"]), episodes=int(item["episodes"]),
@@ -218,6 +227,14 @@ class EnvRegistry:
             self._entries = entries
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _check_temperature(self, spec: api.EnvSpec) -> None:
+        wanted, override = self.training_temperature, spec.sampling.temperature
+        if wanted is not None and override is not None and abs(override - wanted) > 1e-6:
+            raise validation.SpecError(
+                "EnvSpec.sampling.temperature",
+                f"must be unset or equal the run's training temperature {wanted:g} "
+                f"(the learner scores every sample at that temperature)", override)
 
     def _entry(self, name: str) -> _Entry:
         """The entry for `name`; caller holds the lock."""

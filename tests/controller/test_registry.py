@@ -161,3 +161,16 @@ def test_concurrent_submits_are_all_kept():
     for t in threads:
         t.join()
     assert len(r.list()) == 100
+
+
+def test_temperature_override_must_match_the_learners():
+    r = EnvRegistry(known_kinds=KINDS, training_temperature=1.0)
+    r.submit(spec("unset"))
+    r.submit(spec("same", sampling=api.SamplingOverrides(temperature=1.0, top_p=0.9)))
+    with pytest.raises(SpecError) as error:
+        r.submit(spec("hot", sampling=api.SamplingOverrides(temperature=1.5)))
+    assert str(error.value) == ("EnvSpec.sampling.temperature: must be unset or equal the run's training "
+                                "temperature 1 (the learner scores every sample at that temperature), got 1.5")
+    assert [e.name for e in r.list()] == ["unset", "same"]
+    # without a training temperature (a registry not attached to a learner) any valid value is kept
+    EnvRegistry(known_kinds=KINDS).submit(spec("hot", sampling=api.SamplingOverrides(temperature=1.5)))
