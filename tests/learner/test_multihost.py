@@ -80,9 +80,10 @@ def test_two_processes_match_one_process(tmp_path):
     single = run(Learner, tmp_path / "single")
 
     # Same program, same global mesh: the only freedom left is the order in which the
-    # all-reduces add partial sums (gloo across processes vs XLA:CPU within one), a few ulps.
-    np.testing.assert_allclose(multi["losses"], single["losses"], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(multi["logprobs"], single["logprobs"], rtol=1e-5, atol=1e-5)
+    # all-reduces add partial sums (gloo across processes vs XLA:CPU within one), a few ulps
+    # (measured: losses within 6e-8, logprobs 5e-7, parameters 1.2e-7 after three steps).
+    np.testing.assert_allclose(multi["losses"], single["losses"], rtol=2e-6, atol=0)
+    np.testing.assert_allclose(multi["logprobs"], single["logprobs"], rtol=1e-6, atol=5e-6)
     assert int(multi["step"]) == int(single["step"]) == 3
     assert int(multi["cursor"]) == 7  # the controller's extra JSON came back from the checkpoint
     count = sum(1 for key in single if key.startswith("final"))
@@ -90,7 +91,7 @@ def test_two_processes_match_one_process(tmp_path):
     final_single = [single[f"final{i}"] for i in range(count)]
     final_multi = [multi[f"final{i}"] for i in range(count)]
     for a, b in zip(final_multi, final_single):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     # Only process 0 wrote the snapshot, and it holds the whole (gathered) parameters.
     location = pathlib.Path(str(multi["published"]))
     assert location.parent.parent == tmp_path / "multi"
@@ -100,7 +101,7 @@ def test_two_processes_match_one_process(tmp_path):
                                             format="orbax", digest=str(single["digest"]), created_at=0.0))
     for a, b in zip(jax.tree.leaves(published), jax.tree.leaves(reference)):
         assert a.shape == b.shape
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_leader_overrides_keep_the_learners_signatures():
