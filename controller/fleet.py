@@ -158,6 +158,8 @@ class Fleet:
         self._picks = 0
         self._stop = threading.Event()
         self._membership = threading.Lock()
+        self.on_change: Callable[[int], None] | None = None
+        """Called with the new size after workers joined or left (e.g. to update the run status)."""
         self._discovery: threading.Thread | None = None
         self.model_dir = pathlib.Path(model_dir)
         self.run_dir = pathlib.Path(run_dir)
@@ -237,7 +239,10 @@ class Fleet:
         """Make the remote fleet exactly `addresses`: new ones join once they answer GetInfo;
         missing ones leave (no new groups; let go when their outstanding groups end)."""
         with self._membership:  # one change at a time (the DNS thread and a caller may race)
+            before = self.addresses()
             self._set_addresses(list(addresses))
+            if self.on_change is not None and self.addresses() != before:
+                self.on_change(self.size)
 
     def _set_addresses(self, addresses: list[str]) -> None:
         wanted = list(dict.fromkeys(addresses))

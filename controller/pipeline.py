@@ -156,6 +156,7 @@ class Pipeline:
             server.stop(grace=0)
             raise
         status.update(rollout_workers=fleet.size)
+        fleet.on_change = lambda size: status.update(rollout_workers=size)  # DNS fleets grow and shrink
         tracker = MultiTracker([JsonlTracker(run_dir),
                                 TensorBoardTracker(run_dir, purge_step=start_step if restore_step else None),
                                 ConsoleTracker(config.steps)])

@@ -123,6 +123,8 @@ def test_workers_join_and_leave_as_dns_changes(workers, tiny_model_dir, tmp_path
     config = FleetConfig(dns="rollout.test:50051", dns_interval_s=3600, groups_per_worker=2, start_timeout_s=60,
                          rollout_deadline_s=60, call_deadline_s=30)
     fleet = Fleet(config, tiny_model_dir, tmp_path / "run", resolver=dns)
+    sizes = []
+    fleet.on_change = sizes.append
     try:
         fleet.start()
         assert dns.lookups[0] == ("rollout.test", 50051)
@@ -137,6 +139,7 @@ def test_workers_join_and_leave_as_dns_changes(workers, tiny_model_dir, tmp_path
         dns.answer = [a, b, c]
         fleet.refresh()
         assert sorted(fleet.addresses()) == sorted([a, b, c])
+        assert sizes == [1, 3]  # each change reported once (the run status shows it)
         results = fleet.rollout(_requests(12, "three"))
         assert {r.worker for r in results} == {a, b, c}  # 12 groups, at most 2 outstanding per worker
         assert all(len(r.trajectories) == 2 and not r.infra_errors for r in results)
@@ -155,6 +158,7 @@ def test_workers_join_and_leave_as_dns_changes(workers, tiny_model_dir, tmp_path
         fleet.refresh()
         assert sorted(fleet.addresses()) == sorted([b, c])
         assert a not in fleet.outstanding()
+        assert sizes == [1, 3, 2]
         results = fleet.rollout(_requests(6, "two"))
         assert {r.worker for r in results} <= {b, c} and all(len(r.trajectories) == 2 for r in results)
 
@@ -182,6 +186,21 @@ def test_an_empty_fleet_drops_groups_as_infra_errors_in_bounded_time(workers, ti
         assert result.trajectories == [] and result.infra_errors["worker_lost"] == 1
     finally:
         fleet.close()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--rollout-dns", "rollout"], "error: FleetConfig.dns must be name:port"),
+    (["--rollout-dns", "svc:1", "--rollout-addresses", "h:2"], "error: FleetConfig.dns and addresses exclude each other"),
+    (["--coordinator", "nohost", "--num-processes", "2"], "error: DistributedConfig.coordinator must be host:port"),
+    (["--set", "devices.learner=[0]", "--set", "devices.rollout=[[0],[1]]"],
+     "error: DeviceConfig.rollout[0] and learner share devices [0]"),
+])
+def test_controller_flags_for_fleets_and_hosts_fail_in_one_line(flags, message, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "controller.main", "--run-dir", str(tmp_path / "run"), *flags],
+                            cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.startswith(message) and result.stderr.count("\n") == 1, result.stderr
 
 
 def test_no_worker_at_the_dns_name_is_a_one_line_error(tiny_model_dir, tmp_path):
