@@ -174,6 +174,15 @@ class Fleet:
         # Workers get their parent-death signal when the thread that spawned them exits, so one
         # thread that lives as long as the fleet spawns them all (the first ones and restarts).
         self._spawner = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="spawner")
+        self._events: collections.Counter = collections.Counter()  # infra events outside any group
+
+    def drain_events(self) -> dict[str, int]:
+        """Infra events not tied to a group since the last call, by class: `worker_restarted` (a local
+        worker found dead or frozen and replaced), `weight_update_failed` (a worker refused or missed
+        a version; it serves nothing until it has loaded the current one)."""
+        with self._lock:
+            events, self._events = dict(self._events), collections.Counter()
+        return events
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -395,6 +404,7 @@ class Fleet:
                 worker.process.kill()
                 worker.process.wait()
         logger.warning("rollout worker %s died (exit %s); restarting", worker.name, worker.process.returncode)
+        self._events["worker_restarted"] += 1
         index = int(worker.name.rsplit("-", 1)[1])
         fresh = self._await_port(*self._spawner.submit(self._spawn, index).result())
         worker.client.close()
@@ -518,6 +528,7 @@ class Fleet:
                 worker.version = -1  # brought to the current version before its next group
                 logger.warning("weight update to %s failed: %s", worker.name, error)
                 with self._lock:
+                    self._events["weight_update_failed"] += 1
                     self._revive_quietly(worker)
         return slowest
 
