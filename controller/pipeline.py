@@ -378,6 +378,8 @@ class Pipeline:
         for age, count in stats.staleness_histogram(trained, self.version.version - 1).items():
             self.staleness[age] = self.staleness.get(age, 0) + count
         metrics = {k: float(v) for k, v in metrics.items()}
+        for key, count in stats.infra_metrics(self.fleet.drain_events()).items():  # restarts, failed updates
+            metrics[key] = metrics.get(key, 0.0) + count
         self.history.append({"step": step, **metrics})
         self.tracker.log(step, metrics)
         self.status.log(step, metrics)  # the console tracker warns of reward hacking as it happens
