@@ -94,11 +94,15 @@ def main(argv: list[str] | None = None) -> int:
     from controller.fleet import FleetError
     from controller.pipeline import ResumeError
 
+    from learner.multihost import stop_followers
+
     try:
         summary = run(config)
     except (FleetError, ResumeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    finally:
+        stop_followers()  # learner hosts leave too, however the run ended (no-op when already told)
     return 0 if summary.get("steps", 0) == config.steps else 1
 
 

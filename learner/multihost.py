@@ -96,6 +96,7 @@ class Channel:
     def send(self, op: str, meta: dict[str, Any] | None = None,
              arrays: dict[str, np.ndarray] | None = None) -> None:
         assert is_leader(), "only process 0 sends commands"
+        assert not _stopped, f"learner call {op!r} after the learner hosts were stopped"
         arrays = {k: np.asarray(v) for k, v in (arrays or {}).items()}
         header = json.dumps({"op": op, "meta": meta or {},
                              "arrays": [[k, list(v.shape), v.dtype.name] for k, v in arrays.items()]}
@@ -254,10 +255,16 @@ class LeaderLearner(Learner):
         super().close()
 
 
+_stopped = False
+
+
 def stop_followers() -> None:
-    """Tell every learner host to leave its loop (process 0, at the end of a run)."""
-    if jax.process_count() > 1 and is_leader():
+    """Tell every learner host to leave its loop (process 0, at the end of a run). Once: later
+    calls do nothing (the hosts are gone and nobody would receive)."""
+    global _stopped
+    if jax.process_count() > 1 and is_leader() and not _stopped:
         _channel.send("stop")
+        _stopped = True
 
 
 def learner_type() -> type[Learner]:
