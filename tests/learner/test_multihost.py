@@ -7,8 +7,8 @@ multihost_scenario.py (two RL steps, logprobs, publish, Orbax checkpoint, restor
 another mesh shape, one more step) gives the same losses, logprobs, published weights and
 final parameters as one process with 8 devices. Also: the learner takes a chosen subset of
 each process's devices; bad `DistributedConfig` values and
-`learner.host` flags are one-line errors, and a host whose leader never comes ends in
-bounded time.
+`learner.host` flags are one-line errors, and a host whose leader never comes, or dies, ends
+in bounded time.
 
 Run: `.venv/bin/python -m pytest -q -p no:cacheprovider tests/learner/test_multihost.py`
 (about a minute; the reference half needs the 8 fake devices of tests/learner/conftest.py).
@@ -162,3 +162,32 @@ def test_learner_devices_are_a_subset_of_each_process():
     with pytest.raises(ValueError, match=r"devices.learner \[0, 9\]: indices \[9\] are out of range; "
                                          r"process 0 has 8 local devices \(0..7\)"):
         select_devices([0, 9])
+
+
+def test_host_exits_when_its_leader_dies():
+    # Process 0 joins, then dies without a word (SIGKILL): the host, blocked waiting for the next
+    # command, must end with an error in bounded time, not wait forever (DESIGN rule 4).
+    coordinator = f"127.0.0.1:{_free_port()}"
+    leader_code = (
+        "import os, signal, time\n"
+        "from learner import multihost\n"
+        "from learner.config import DistributedConfig\n"
+        f"multihost.initialize(DistributedConfig(coordinator={coordinator!r}, num_processes=2, process_id=0, "
+        "local_cpu_devices=1, timeout_s=120))\n"
+        "time.sleep(2)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n")
+    host = subprocess.Popen(
+        [sys.executable, "-m", "learner.host", "--coordinator", coordinator, "--num-processes", "2",
+         "--process-id", "1", "--local-cpu-devices", "1", "--timeout-s", "120"],
+        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        leader = subprocess.run([sys.executable, "-c", leader_code], cwd=ROOT, env=_env(), capture_output=True,
+                                text=True, timeout=180)
+        assert leader.returncode == -9, leader.stdout + leader.stderr
+        output, _ = host.communicate(timeout=180)
+        assert host.returncode != 0
+        assert "process 1 of 2" in output  # it had joined, and was waiting in `follow`
+    finally:
+        if host.poll() is None:
+            host.kill()
+            host.wait()
