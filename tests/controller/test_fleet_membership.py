@@ -284,3 +284,27 @@ def test_spawned_workers_see_only_their_devices(tiny_model_dir, tmp_path, monkey
     finally:
         fleet.close()
     assert seen == {"worker-0": "1", "worker-1": "2,3"}
+
+
+class _ClosableClient:
+    closed = False
+
+    def close(self):
+        self.closed = True
+
+
+def test_a_leaving_worker_finishes_its_groups_before_it_is_let_go(tiny_model_dir, tmp_path):
+    # Membership bookkeeping alone (no processes): b leaves with one group outstanding; it gets no new
+    # group, stays until that group returns, then is closed and dropped.
+    fleet = Fleet(FleetConfig(dns="rollout.test:1"), tiny_model_dir, tmp_path / "run", resolver=ChangingDns())
+    a, b = _worker("a:1", 0), _worker("b:1", 1)
+    a.client, b.client = _ClosableClient(), _ClosableClient()
+    fleet._workers = [a, b]
+    fleet.set_addresses(["a:1"])
+    assert b.leaving and fleet.addresses() == ["a:1"] and fleet.outstanding() == {"a:1": 0, "b:1": 1}
+    assert least_loaded(fleet._workers, set(), limit=4) is a
+    with fleet._lock:  # what _run_group does when b's group returns
+        b.in_flight -= 1
+        fleet._let_go_idle()
+    assert fleet.outstanding() == {"a:1": 0} and b.client.closed and not a.client.closed
+    fleet.close()
