@@ -107,6 +107,8 @@ class Pipeline:
     evals: dict[str, list[tuple[int, float]]] = dataclasses.field(default_factory=dict)
     staleness: dict[int, int] = dataclasses.field(default_factory=dict)
     summary: dict[str, Any] = dataclasses.field(default_factory=dict)
+    rl_started: float = 0.0
+    """`time.perf_counter()` when this process began RL steps (after the warm start or restore)."""
 
     # -- building ----------------------------------------------------------------------------
 
@@ -121,7 +123,7 @@ class Pipeline:
         # The learner's logprobs must mean what the sampler's mean: the same temperature.
         config = dataclasses.replace(config, learner=dataclasses.replace(config.learner,
                                                                          temperature=config.data.temperature))
-        registry = EnvRegistry()
+        registry = EnvRegistry(training_temperature=config.data.temperature)
         tasks = TaskSource(config.seed)
         checkpoints = run_dir / "checkpoints"
         restore_step = _resume_step(config, checkpoints)
@@ -195,11 +197,15 @@ class Pipeline:
         """
         if self.resumed:
             self._restore_weights()
+            self.rl_started = time.perf_counter()
             return
+        started = time.perf_counter()
         if self.config.warm_start.steps > 0:
             self._warm_start()
+        self.summary["warm_start_s"] = time.perf_counter() - started
         self.publish()
         self.summary["eval_before"] = self.evaluate(-1)
+        self.rl_started = time.perf_counter()
 
     def _restore_weights(self) -> None:
         """Bring every worker to the checkpoint's weights before it serves anything.
@@ -473,6 +479,8 @@ class Pipeline:
             "learner_tokens_per_s": float(np.mean([h.get("perf/learner_tokens_per_s", 0.0) for h in perf])) if perf else 0.0,
             "weight_sync_s": float(np.mean([h.get("perf/weight_sync_s", 0.0) for h in perf])) if perf else 0.0,
             "steps": self.step,
+            "warm_start_s": float(self.summary.get("warm_start_s", 0.0)),
+            "rl_wall_s": time.perf_counter() - self.rl_started if self.rl_started else 0.0,
             "reward_hacking_warning": reward_hacking_warning(self.history) or "",
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -554,8 +562,9 @@ def _mean_defined(values) -> float:
 
 def format_summary(summary: dict[str, Any], report: pathlib.Path) -> str:
     gain = summary["eval_success_gain_pp"]
-    verdict = ("RL raised held-out success by %.1f points" % gain) if gain > 0 else \
-        ("held-out success did not rise (%.1f points)" % gain)
+    minutes = summary.get("rl_wall_s", 0.0) / 60
+    verdict = (f"RL raised held-out success by {gain:.1f} points in {minutes:.1f} min of RL") if gain > 0 else \
+        (f"held-out success did not rise ({gain:.1f} points in {minutes:.1f} min of RL)")
     rows = [
         ("env", summary["env"]),
         ("eval success before RL", f"{100 * summary['eval_success_before']:.1f}%"),
@@ -565,6 +574,7 @@ def format_summary(summary: dict[str, Any], report: pathlib.Path) -> str:
         ("rollout tokens/s", f"{summary['rollout_tokens_per_s']:.0f}"),
         ("learner tokens/s", f"{summary['learner_tokens_per_s']:.0f}"),
         ("weight sync (s)", f"{summary['weight_sync_s']:.2f}"),
+        ("warm start / RL wall (min)", f"{summary.get('warm_start_s', 0.0) / 60:.1f} / {summary.get('rl_wall_s', 0.0) / 60:.1f}"),
     ]
     width = max(len(k) for k, _ in rows)
     lines = ["", "=" * (width + 20), *[f"{k:<{width}}  {v}" for k, v in rows], "=" * (width + 20), verdict]
