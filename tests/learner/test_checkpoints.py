@@ -2,8 +2,10 @@
 
 Proves: a checkpoint saved on an fsdp=8 mesh restores onto data=2,fsdp=4 with identical
 values (params, optimiser moments, reference, RNG, step) laid out for the new mesh, together
-with the controller's JSON `extra`; keep-last-N deletes old steps; `publish` writes Orbax
-and HF snapshots whose WeightVersion digest verifies on load.
+with the controller's JSON `extra`; keep-last-N deletes old steps; checkpoints can be named by
+the caller's step, a missing step is refused naming the ones there, newer ones can be discarded
+(a resume from an earlier checkpoint); `publish` writes Orbax and HF snapshots whose
+WeightVersion digest verifies on load.
 Run: `.venv/bin/python -m pytest tests/learner/test_checkpoints.py -q` (8 fake CPU devices
 from conftest.py; skips with fewer)
 """
@@ -85,4 +87,21 @@ def test_keep_last_n_and_publish(tmp_path):
     assert hf.digest == wv.digest and (tmp_path / "hf" / "v00000001" / "config.json").exists()
     with pytest.raises(ValueError, match="must be one of"):
         learner.publish(tmp_path / "x", version=2, format="gguf")
+    learner.close()
+
+
+@need_devices(8)
+def test_checkpoints_named_by_the_caller_a_missing_step_and_discarding_newer_ones(tmp_path):
+    learner = _trained_learner("fsdp=8")
+    for rl_step in (1, 2, 3):  # named by completed RL steps, whatever the optimiser step is
+        assert learner.save(tmp_path / "ckpt", extra={"rl_step": rl_step}, step=rl_step) == rl_step
+    learner.wait()
+    assert Learner.checkpoint_steps(tmp_path / "ckpt") == [2, 3]  # keep-last-2
+    with pytest.raises(FileNotFoundError, match=r"step must be one of the checkpoints in .* \[2, 3\], got 1"):
+        Learner.restore(tmp_path / "ckpt", mesh=learner.mesh, step=1)
+    restored, extra = Learner.restore(tmp_path / "ckpt", mesh=learner.mesh, step=2)
+    assert extra == {"rl_step": 2} and restored.step == learner.step
+    assert Learner.discard_after(tmp_path / "ckpt", 2) == [3]
+    assert Learner.checkpoint_steps(tmp_path / "ckpt") == [2] == [Learner.latest_step(tmp_path / "ckpt")]
+    assert Learner.checkpoint_steps(tmp_path / "nothing") == [] and Learner.discard_after(tmp_path / "nothing", 0) == []
     learner.close()
