@@ -16,8 +16,8 @@ the number of completed RL steps and renamed into place only when complete:
   issued but not yet trained (in flight or buffered; re-issued on resume under the same ids),
   the byte length of metrics.jsonl and trajectories.jsonl, and the history behind the summary.
 A resumed run cuts both files back to those lengths, deletes checkpoints and weight snapshots
-newer than the one it resumed from (they belong to the abandoned run), and brings every worker
-to the checkpoint's weight version before anything is rolled out.
+newer than the one it resumed from (they belong to the abandoned run; controller/resume.py),
+and brings every worker to the checkpoint's weight version before anything is rolled out.
 
 Determinism: every random choice of a training group (its env, its sampling seed) comes from
 an RNG keyed by (run seed, group index), never from wall-clock or completion order, and group
@@ -30,9 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import pathlib
-import shutil
 import time
 from typing import Any
 
@@ -40,12 +38,13 @@ import numpy as np
 import yaml
 
 from controller import config as config_lib
-from controller import stats, warmstart
+from controller import resume, stats, warmstart
 from controller.config import RunConfig
 from controller.batching import make_minibatches
 from controller.fleet import Fleet, GroupResult
 from controller.judge import reward_hacking_warning
 from controller.registry import EnvRegistry
+from controller.resume import CHECKPOINT_FORMAT, STREAMS, ResumeError  # noqa: F401 (ResumeError: main.py)
 from controller.report import write_report
 from controller.service import RunStatus, serve_controller
 from controller.tasks import TaskSource
@@ -61,15 +60,6 @@ from rollout.api import GroupRequest, SamplingParams, Trajectory
 from sandbox import api as sandbox_api
 
 logger = logging.getLogger(__name__)
-
-
-CHECKPOINT_FORMAT = 2
-STREAMS = ("metrics.jsonl", "trajectories.jsonl")
-"""Append-only files a checkpoint records the length of; a resumed run cuts them back to it."""
-
-
-class ResumeError(ValueError):
-    """A resume the run directory cannot give: the named checkpoint does not exist."""
 
 
 def every(period: int, step: int, total: int) -> bool:
@@ -126,7 +116,7 @@ class Pipeline:
         registry = EnvRegistry(training_temperature=config.data.temperature)
         tasks = TaskSource(config.seed)
         checkpoints = run_dir / "checkpoints"
-        restore_step = _resume_step(config, checkpoints)
+        restore_step = resume.resume_step(config, checkpoints)
         extra: dict[str, Any] = {}
         if restore_step is not None:
             learner, extra = learner_type().restore(checkpoints, mesh=mesh, step=restore_step, config=config.learner)
@@ -134,11 +124,11 @@ class Pipeline:
             tasks.load_state(extra["tasks"], {s.name: s for s in registry.active_specs()})
             version = WeightVersion.from_dict(extra["weights"])
             discarded = learner_type().discard_after(checkpoints, restore_step)
-            _cut_streams(run_dir, extra.get("streams"))
+            resume.cut_streams(run_dir, extra.get("streams"))
             logger.info("resumed at step %d (weights version %d) from %s%s", int(extra["step"]), version.version,
                         checkpoints, f"; discarded newer checkpoints {discarded}" if discarded else "")
         else:
-            _start_fresh(run_dir)
+            resume.start_fresh(run_dir)
             model_config, params = load_hf(model_dir)
             version = WeightVersion(version=0, step=0, location=str(model_dir), format="hf_safetensors",
                                     digest=params_digest(params), created_at=time.time())
@@ -216,9 +206,9 @@ class Pipeline:
         controller published after the checkpoint), the restored params are published as a
         version above every version served, because workers never go back."""
         saved = self.version
-        _discard_snapshots_after(self.run_dir / "weights", saved.version)
+        resume.discard_snapshots_after(self.run_dir / "weights", saved.version)
         served = [info.version for info in self._worker_infos()]
-        intact = params_digest(self.learner.params) == saved.digest and _snapshot_holds(saved)
+        intact = params_digest(self.learner.params) == saved.digest and resume.snapshot_holds(saved)
         if intact and max(served, default=0) <= saved.version:
             self.fleet.update_weights(saved)
             self.status.update(weights=saved)
@@ -451,7 +441,7 @@ class Pipeline:
             "pending": [{"group_id": r.group_id, "env": r.env.name, "task_id": r.task.task_id,
                          "group_size": r.group_size, "seed": r.sampling.seed} for r in self.pending.values()]
                        + self.reissue,  # owed from an earlier resume, not handed out yet
-            "streams": {name: _length(self.run_dir / name) for name in STREAMS},
+            "streams": {name: resume.length(self.run_dir / name) for name in STREAMS},
             "history": self.history,
             "evals": {name: [[s, v] for s, v in curve] for name, curve in self.evals.items()},
             "staleness": {str(age): count for age, count in self.staleness.items()},
@@ -493,65 +483,6 @@ def _sample_order(trajectory: Trajectory) -> tuple[int, str]:
     """Sort key of a group's samples: the sample index that ends the id (`group:attempt:index`)."""
     tail = trajectory.trajectory_id.rsplit(":", 1)[-1]
     return (int(tail) if tail.isdigit() else -1, trajectory.trajectory_id)
-
-
-def _resume_step(config: RunConfig, checkpoints: pathlib.Path) -> int | None:
-    """The checkpoint step to resume from, or None to start fresh (no resume asked, or none saved yet)."""
-    if not config.resume:
-        return None
-    steps = learner_type().checkpoint_steps(checkpoints)
-    if config.resume_step == -1:
-        if not steps:
-            logger.info("--resume: no checkpoint in %s yet; starting fresh", checkpoints)
-        return steps[-1] if steps else None
-    if config.resume_step not in steps:
-        raise ResumeError(f"--resume {config.resume_step}: no checkpoint {config.resume_step} in {checkpoints}; "
-                          f"the checkpoints there are {steps or 'none'}")
-    return config.resume_step
-
-
-def _start_fresh(run_dir: pathlib.Path) -> None:
-    """A fresh run owns its run dir: a previous run's checkpoints, weight snapshots and streams go."""
-    old = [name for name in ("checkpoints", "weights", *STREAMS) if (run_dir / name).exists()]
-    if old:
-        logger.warning("starting fresh in %s: removing the previous run's %s (pass --resume to continue it)",
-                       run_dir, ", ".join(old))
-    for name in ("checkpoints", "weights"):
-        shutil.rmtree(run_dir / name, ignore_errors=True)
-    _cut_streams(run_dir, {})
-
-
-def _length(path: pathlib.Path) -> int:
-    return path.stat().st_size if path.exists() else 0
-
-
-def _cut_streams(run_dir: pathlib.Path, lengths: dict[str, int] | None) -> None:
-    """Cut each append-only stream back to its length at the checkpoint (0 when it had none)."""
-    if lengths is None:  # a checkpoint older than stream positions: leave the files as they are
-        return
-    for name in STREAMS:
-        path = run_dir / name
-        if path.exists():
-            with open(path, "r+b") as f:
-                f.truncate(min(int(lengths.get(name, 0)), os.fstat(f.fileno()).st_size))
-
-
-def _discard_snapshots_after(root: pathlib.Path, version: int) -> None:
-    """Delete weight snapshots newer than `version`: the killed run published them after the checkpoint."""
-    if not root.exists():
-        return
-    for folder in root.iterdir():
-        name = folder.name
-        if folder.is_dir() and name.startswith("v") and name[1:].isdigit() and int(name[1:]) > version:
-            shutil.rmtree(folder, ignore_errors=True)
-
-
-def _snapshot_holds(version: WeightVersion) -> bool:
-    """The snapshot folder of `version` exists and records the same digest."""
-    try:
-        return WeightVersion.read(version.location).digest == version.digest
-    except (OSError, ValueError, KeyError):
-        return False
 
 
 def _mean_defined(values) -> float:
