@@ -110,9 +110,10 @@ class Pipeline:
         env_spec = warmstart.default_env_spec(config.env)
         model_dir = warmstart.ensure_model(config.model, run_dir, env_spec)
         mesh = make_mesh(config.mesh or None, devices=select_devices(config.devices.learner))
-        # The learner's logprobs must mean what the sampler's mean: the same temperature.
-        config = dataclasses.replace(config, learner=dataclasses.replace(config.learner,
-                                                                         temperature=config.data.temperature))
+        # The learner's logprobs must mean what the sampler's mean: the same temperature. The
+        # learner's checkpoint manager keeps what the run's checkpoint section says.
+        config = dataclasses.replace(config, learner=dataclasses.replace(
+            config.learner, temperature=config.data.temperature, checkpoint_keep=config.checkpoint.keep))
         registry = EnvRegistry(training_temperature=config.data.temperature)
         tasks = TaskSource(config.seed)
         checkpoints = run_dir / "checkpoints"
