@@ -64,6 +64,7 @@ start_server() {
   fi
   local original=()
   [[ ${ORRERY_SGLANG_RETURN_ORIGINAL_LOGPROB:-0} == 1 ]] && original=(SGLANG_RETURN_ORIGINAL_LOGPROB=1)
+  # --sleep-on-idle: the scheduler otherwise busy-polls a whole core for the entire test run.
   # setsid: the server and its scheduler/detokenizer children share one process group,
   # so stop can end all of them and nothing else.
   # shellcheck disable=SC2086
@@ -74,6 +75,7 @@ start_server() {
       --attention-backend torch_native --sampling-backend pytorch \
       --cuda-graph-backend-decode disabled --cuda-graph-backend-prefill disabled \
       --disable-overlap-schedule --max-total-tokens "${ORRERY_SGLANG_MAX_TOKENS:-16384}" \
+      --sleep-on-idle \
       --weight-version 0 --random-seed 0 --host 127.0.0.1 --port "$port" \
       "${tok_args[@]}" ${ORRERY_SGLANG_EXTRA_ARGS:-} \
       >"$logfile" 2>&1 </dev/null &

@@ -325,9 +325,12 @@ class Learner:
 
 
 def _make_manager(ckpt_dir: Path, config: LearnerConfig) -> ocp.CheckpointManager:
+    # Several JAX processes (learner hosts) write one checkpoint together; their background
+    # writes raced the primary's directory setup (NOT_FOUND in process 1's OCDBT folder when
+    # saves came one step apart), so multi-process saves are synchronous.
     options = ocp.CheckpointManagerOptions(
         max_to_keep=config.checkpoint_keep,
-        enable_async_checkpointing=config.async_checkpoint,
+        enable_async_checkpointing=config.async_checkpoint and jax.process_count() == 1,
         create=True)
     return ocp.CheckpointManager(ckpt_dir, options=options,
                                  item_names=("state", "extra", "config"))
