@@ -18,10 +18,9 @@ each device keeps its own rows and no all-to-all is needed. Loss normalisers are
 the whole batch first (learner/loss.py's additivity invariant), so the summed microbatch
 gradients equal the full-batch gradient.
 
-Value head (PPO): model/ exposes only logits, so the learner reads the final hidden state
-(the output of the decoder's `final_norm` module, the LM head's input) with
-`flax.linen.intercept_methods` while calling the public `model.decoder.forward`, and applies
-its own zero-initialised linear layer `V = h . w + b`. Values are float32.
+Value head (PPO): the learner reads the final hidden state (the LM head's input) from
+`model.decoder.forward_with_hidden` and applies its own zero-initialised linear layer
+`V = h . w + b`. Values are float32.
 """
 
 from __future__ import annotations
@@ -42,8 +41,6 @@ from model.config import ModelConfig
 
 Batch = dict[str, jax.Array]
 Metrics = dict[str, jax.Array]
-
-_HIDDEN_MODULE = "final_norm"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,26 +65,6 @@ class StepHParams:
 def _shift_right(x_bt: jax.Array) -> jax.Array:
     """[b, t-1] values for tokens 1..t-1 -> [b, t] aligned to tokens (column 0 = 0)."""
     return jnp.pad(x_bt, ((0, 0), (1, 0)))
-
-
-def forward_with_hidden(params, config: ModelConfig, tokens_bt, attention_mask_bt
-                        ) -> tuple[jax.Array, jax.Array]:
-    """(logits_btv, hidden_btd): `model.decoder.forward` plus the final-norm output."""
-    captured = []
-
-    def grab(next_fun, args, kwargs, context):
-        out = next_fun(*args, **kwargs)
-        if context.module.name == _HIDDEN_MODULE and context.method_name == "__call__":
-            captured.append(out)
-        return out
-
-    with nn.intercept_methods(grab):
-        logits = decoder.forward(params, config, tokens_bt, attention_mask_bt=attention_mask_bt)
-    if len(captured) != 1:
-        raise RuntimeError(f"value head: expected one '{_HIDDEN_MODULE}' call in "
-                           f"model.decoder.forward, saw {len(captured)}; the decoder's module "
-                           f"names changed (update learner/step.py)")
-    return logits, captured[0]
 
 
 def token_logprobs_and_entropy(logits_btv: jax.Array, tokens_bt: jax.Array,
@@ -144,8 +121,8 @@ def microbatch_loss(trainable, ref_params, batch: Batch, counts, hp: StepHParams
     tokens_bt, attention_bt = batch["tokens_bt"], batch["attention_mask_bt"]
     mask_bt = batch["loss_mask_bt"]
     if hp.use_value_head:
-        logits, hidden_btd = forward_with_hidden(trainable["policy"], hp.model, tokens_bt,
-                                                 attention_bt)
+        logits, hidden_btd = decoder.forward_with_hidden(trainable["policy"], hp.model, tokens_bt,
+                                                         attention_mask_bt=attention_bt)
         head = trainable["value_head"]
         values = hidden_btd[:, :-1].astype(jnp.float32) @ head["kernel"][:, 0] + head["bias"][0]
         values_bt = _shift_right(values)  # V(state before token t) for token t

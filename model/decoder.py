@@ -9,6 +9,7 @@ rollout engine can `jax.jit` them with `config` static:
     init_params(config, rng) -> params
     param_logical_axes(config) -> same tree of PartitionSpec(logical names)
     forward(params, config, tokens_bt, positions_bt=None, attention_mask_bt=None) -> logits_btv
+    forward_with_hidden(params, config, tokens_bt, ...) -> (logits_btv, final hidden_btd)
     init_cache(config, batch, max_len, dtype=None) -> cache
     forward_with_cache(params, config, tokens_bt, positions_bt, cache) -> (logits_btv, cache)
     token_logprobs(params, config, tokens_bt, attention_mask_bt=None, temperature=1.0)
@@ -269,6 +270,7 @@ class Decoder(nn.Module):
         (x, new_kv, _), _ = layers((x, cache_kv, jnp.zeros((), jnp.int32)), positions_bt,
                                    mask_b1ts)
         x = RMSNorm(c, name="final_norm")(x)
+        self.sow("intermediates", "final_hidden", x)  # kept only when applied with it mutable
         if c.tie_embeddings:
             logits = jnp.einsum("btd,vd->btv", x, embedding.astype(dt),
                                 preferred_element_type=jnp.float32)
@@ -327,6 +329,25 @@ def forward(params: Params, config: ModelConfig, tokens_bt: jax.Array,
     attention_mask_bt (1 = real token, 0 = pad) removes pad keys from every query, so right-
     or left-padded batches give each real token the logits of its unpadded row. Logits at pad
     positions are meaningless. positions_bt defaults to `default_positions`."""
+    logits, _ = Decoder(config).apply({"params": params},
+                                      *_full_inputs(tokens_bt, positions_bt, attention_mask_bt))
+    return logits
+
+
+def forward_with_hidden(params: Params, config: ModelConfig, tokens_bt: jax.Array,
+                        positions_bt: jax.Array | None = None,
+                        attention_mask_bt: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """`forward` plus the final hidden state: (logits_btv, hidden_btd), hidden being the
+    final RMSNorm's output (the LM head's input), in the compute dtype. For heads on top of
+    the decoder: the learner's value head, the reward model's score head."""
+    (logits, _), state = Decoder(config).apply(
+        {"params": params}, *_full_inputs(tokens_bt, positions_bt, attention_mask_bt),
+        mutable=["intermediates"])
+    return logits, state["intermediates"]["final_hidden"][0]
+
+
+def _full_inputs(tokens_bt, positions_bt, attention_mask_bt):
+    """(tokens, positions, causal mask [b|1, 1, t, t]) of a cache-free full-sequence call."""
     tokens_bt = jnp.asarray(tokens_bt, jnp.int32)
     if positions_bt is None:
         positions_bt = default_positions(tokens_bt, attention_mask_bt)
@@ -334,8 +355,7 @@ def forward(params: Params, config: ModelConfig, tokens_bt: jax.Array,
     mask_b1ts = jnp.tril(jnp.ones((t, t), jnp.bool_))[None, None]
     if attention_mask_bt is not None:
         mask_b1ts = mask_b1ts & attention_mask_bt.astype(jnp.bool_)[:, None, None, :]
-    logits, _ = Decoder(config).apply({"params": params}, tokens_bt, positions_bt, mask_b1ts)
-    return logits
+    return tokens_bt, positions_bt, mask_b1ts
 
 
 def init_cache(config: ModelConfig, batch: int, max_len: int, dtype: Any = None) -> Cache:

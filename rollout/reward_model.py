@@ -57,7 +57,6 @@ logger = logging.getLogger(__name__)
 HEAD_FILE = "reward_head.safetensors"
 TEST_DELAY_ENV = "ORRERY_REWARD_MODEL_TEST_DELAY_S"
 MIN_BUCKET = 64
-_HIDDEN_MODULE = "final_norm"
 
 
 # --------------------------------------------------------------------------- model and head
@@ -97,35 +96,15 @@ def load_reward_model(folder: str | Path):
     return config, params, head
 
 
-def final_hidden(params, config, tokens_bt, attention_mask_bt=None):
-    """[b, t, d] output of the decoder's final_norm during `model.decoder.forward`."""
-    import flax.linen as nn
-
-    from model import decoder
-
-    captured = []
-
-    def grab(next_fun, args, kwargs, context):
-        out = next_fun(*args, **kwargs)
-        if context.module.name == _HIDDEN_MODULE and context.method_name == "__call__":
-            captured.append(out)
-        return out
-
-    with nn.intercept_methods(grab):
-        decoder.forward(params, config, tokens_bt, attention_mask_bt=attention_mask_bt)
-    if len(captured) != 1:
-        raise RuntimeError(f"reward model: expected one '{_HIDDEN_MODULE}' call in "
-                           f"model.decoder.forward, saw {len(captured)}; the decoder's module "
-                           f"names changed (update rollout/reward_model.py)")
-    return captured[0]
-
-
 def score_tokens(params, head, config, tokens_bt, attention_mask_bt):
     """[b] float32 scores: head applied to the hidden state of each row's last real token
     (rows right-padded; attention_mask 1 on real tokens). Pure; jit with config static."""
     import jax.numpy as jnp
 
-    hidden = final_hidden(params, config, tokens_bt, attention_mask_bt).astype(jnp.float32)
+    from model.decoder import forward_with_hidden
+
+    _, hidden = forward_with_hidden(params, config, tokens_bt, attention_mask_bt=attention_mask_bt)
+    hidden = hidden.astype(jnp.float32)
     last = jnp.sum(attention_mask_bt.astype(jnp.int32), axis=1) - 1  # [b]
     h_last = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]  # [b, d]
     return h_last @ head["weight"].astype(jnp.float32) + head["bias"].astype(jnp.float32)

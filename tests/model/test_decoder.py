@@ -90,6 +90,19 @@ def test_padding_with_mask_leaves_real_tokens_unchanged(make_config, random_para
     np.testing.assert_allclose(logits[1, 2:], unpadded[1, :4], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_forward_with_hidden_returns_the_lm_heads_input(make_config, random_params, tied):
+    config, params = _setup(make_config, random_params, tie_embeddings=tied)
+    tokens = np.asarray(jax.random.randint(jax.random.key(3), (2, 5), 0, config.vocab_size))
+    mask = np.array([[1] * 5, [1] * 3 + [0] * 2])
+    logits, hidden = jax.jit(decoder.forward_with_hidden, static_argnums=1)(
+        params, config, tokens, attention_mask_bt=mask)
+    assert hidden.shape == (2, 5, config.hidden_size)
+    np.testing.assert_array_equal(logits, forward(params, config, tokens, attention_mask_bt=mask))
+    head = params["embed"]["embedding"].T if tied else params["lm_head"]["kernel"]
+    np.testing.assert_allclose(np.asarray(hidden) @ np.asarray(head), logits, rtol=1e-4, atol=1e-4)
+
+
 def test_token_logprobs_is_shifted_temperature_log_softmax(make_config, random_params):
     config, params = _setup(make_config, random_params)
     tokens = np.array([[5, 17, 3, 99, 42, 1], [7, 7, 7, 0, 0, 0]])
